@@ -1,0 +1,29 @@
+"""Describe the machine a benchmark ran on, for the JSON records under benchmarks/results/."""
+
+from __future__ import annotations
+
+import os
+import platform
+
+import torch
+
+
+def describe() -> dict:
+    """CPU model, cores, torch threads and version, and the GPU when CUDA is present."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            cpu = next(line.split(":", 1)[1].strip() for line in handle if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    info = {
+        "hostname": platform.node(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
