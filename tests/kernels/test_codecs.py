@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from nibble.kernels.codecs import e2m1_decode, e2m1_rne, e4m3_rne, pack_e2m1, unpack_e2m1
 from torchao.prototype.mx_formats.kernels import pack_uint4
 
+from nibble.kernels.codecs import e2m1_decode, e2m1_rne, e4m3_rne, pack_e2m1, unpack_e2m1
 from tests.helpers import E2M1_GRID
 
 

@@ -7,8 +7,8 @@ different streams by design.
 
 import pytest
 import torch
-from nibble.kernels import mxfp8, nvfp4
 
+from nibble.kernels import mxfp8, nvfp4
 from tests.helpers import gaussian, heavy_tailed, tie_heavy
 
 pytestmark = pytest.mark.gpu

@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-from nibble.kernels import mxfp8
 
+from nibble.kernels import mxfp8
 from tests.helpers import gaussian
 
 

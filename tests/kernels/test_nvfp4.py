@@ -6,9 +6,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from nibble.kernels import nvfp4
 from nibble.kernels.codecs import e2m1_decode, unpack_e2m1
-
 from tests.helpers import E2M1_GRID, gap_above, gaussian, heavy_tailed, real_weights, rel_mse
 
 UNIT = 2688.0  # 6 * 448: an amax that makes the standard encode scale exactly 1

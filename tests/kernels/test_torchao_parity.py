@@ -7,12 +7,12 @@ blocks: hence ≥ 99.9% identical for float32 and "within one grid step" for bfl
 
 import pytest
 import torch
-from nibble.kernels import mxfp8, nvfp4
-from nibble.kernels.codecs import e2m1_decode, unpack_e2m1
 from torchao.prototype.mx_formats.config import ScaleCalculationMode
 from torchao.prototype.mx_formats.mx_tensor import to_mx
 from torchao.prototype.mx_formats.nvfp4_tensor import nvfp4_quantize, per_tensor_amax_to_scale
 
+from nibble.kernels import mxfp8, nvfp4
+from nibble.kernels.codecs import e2m1_decode, unpack_e2m1
 from tests.helpers import gap_above, gaussian, heavy_tailed, real_weights
 
 
