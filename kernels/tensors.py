@@ -19,8 +19,9 @@ class NVFP4Tensor:
     Attributes:
         codes: uint8 ``[..., K // 2]``; element ``2i`` of a row in the low nibble, ``2i+1`` in the high.
         block_scales: float8_e4m3fn ``[..., K // 16]``.
-        global_scale: float32 decode scale ``g = amax / (6 E)``; shape ``[]`` for a per-tensor scale,
-            ``shape[:-1]`` for per-token scales.
+        global_scale: float32 decode scale ``g = amax / (6 E)``; its shape is a prefix of ``shape[:-1]``:
+            ``[]`` for a per-tensor scale, ``shape[:-1]`` for per-token scales, ``[E]`` for a stack of
+            per-tensor-scaled expert weights ``[E, N, K]``.
         four_over_six: whether 4/6 chose the block scales (then ``E = 256``); decoding ignores it.
         shape: the logical shape ``[..., K]`` of the quantised tensor.
 

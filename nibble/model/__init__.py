@@ -1,0 +1,17 @@
+"""The policy model: a Qwen-MoE-compatible transformer, its KV cache, generation and HF adapter."""
+
+from nibble.model.config import ModelConfig, qwen3_30b_a3b_shaped, tiny
+from nibble.model.hf import from_pretrained, load_config, save_pretrained
+from nibble.model.kv_cache import KVCache
+from nibble.model.transformer import MoETransformer
+
+__all__ = [
+    "KVCache",
+    "ModelConfig",
+    "MoETransformer",
+    "from_pretrained",
+    "load_config",
+    "qwen3_30b_a3b_shaped",
+    "save_pretrained",
+    "tiny",
+]

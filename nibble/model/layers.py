@@ -1,0 +1,161 @@
+"""Transformer blocks with Hugging Face Qwen3-MoE / Qwen2-MoE math and parameter names."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nibble.model.config import ModelConfig
+from nibble.model.kv_cache import KVCache
+from nibble.recipe.modules import PlannedExperts, PlannedLinear, bf16_operand
+from nibble.recipe.plan import PrecisionPlan
+
+
+class RMSNorm(nn.Module):
+    """``w * x / sqrt(mean(x²) + eps)``, the statistics in float32 (as HF's Qwen RMSNorm)."""
+
+    def __init__(self, size: int, eps: float, plan: PrecisionPlan):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps, self.plan = eps, plan
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.to(torch.float32)
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return bf16_operand(self.weight, self.plan) * normed.to(self.plan.torch_compute_dtype)
+
+
+def rotary(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE tables ``cos, sin [B, T, head_dim]`` (float32) for integer ``positions [B, T]``."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
+    freqs = positions.to(torch.float32).unsqueeze(-1) * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    """Grouped-query attention with RoPE, per-head q/k RMSNorm (qwen3) or q/k/v bias (qwen2)."""
+
+    def __init__(self, config: ModelConfig, plan: PrecisionPlan, prefix: str):
+        super().__init__()
+        self.config, self.plan = config, plan
+        h, nh, kvh, hd = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
+
+        def linear(name: str, fan_in: int, fan_out: int, bias: bool) -> PlannedLinear:
+            fmt = plan.format_of(f"{prefix}.{name}.weight")
+            return PlannedLinear(fan_in, fan_out, bias=bias, fmt=fmt, plan=plan)
+
+        self.q_proj = linear("q_proj", h, nh * hd, config.qkv_bias)
+        self.k_proj = linear("k_proj", h, kvh * hd, config.qkv_bias)
+        self.v_proj = linear("v_proj", h, kvh * hd, config.qkv_bias)
+        self.o_proj = linear("o_proj", nh * hd, h, False)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(hd, config.rms_norm_eps, plan)
+            self.k_norm = RMSNorm(hd, config.rms_norm_eps, plan)
+
+    def forward(self, x, cos, sin, mask, cache: KVCache | None, layer: int) -> torch.Tensor:
+        b, t, _ = x.shape
+        hd = self.config.head_dim
+        q = self.q_proj(x).view(b, t, -1, hd)
+        k = self.k_proj(x).view(b, t, -1, hd)
+        v = self.v_proj(x).view(b, t, -1, hd)
+        if self.config.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = cos.unsqueeze(1).to(q.dtype), sin.unsqueeze(1).to(q.dtype)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(layer, k, v)
+        groups = self.config.num_attention_heads // self.config.num_key_value_heads
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU MLP ``down(silu(gate(x)) * up(x))``: dense layers and the shared expert."""
+
+    def __init__(self, hidden: int, inter: int, plan: PrecisionPlan, prefix: str):
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = (
+            PlannedLinear(fan_in, fan_out, bias=False, fmt=plan.format_of(f"{prefix}.{name}.weight"), plan=plan)
+            for name, fan_in, fan_out in (
+                ("gate_proj", hidden, inter),
+                ("up_proj", hidden, inter),
+                ("down_proj", inter, hidden),
+            )
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Router(nn.Module):
+    """Top-k softmax router (``mlp.gate.weight [E, H]``), probabilities in float32."""
+
+    def __init__(self, config: ModelConfig, plan: PrecisionPlan):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(config.num_experts, config.hidden_size) * 0.02)
+        self.top_k, self.norm_topk_prob, self.plan = config.num_experts_per_tok, config.norm_topk_prob, plan
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = F.linear(x, bf16_operand(self.weight, self.plan))
+        probs = torch.softmax(logits.to(torch.float32), dim=-1)
+        top_w, top_i = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            top_w = top_w / top_w.sum(dim=-1, keepdim=True)
+        return top_i, top_w.to(logits.dtype)
+
+
+class SparseMoE(nn.Module):
+    """Routed experts plus an optional sigmoid-gated shared expert (Qwen2-MoE's)."""
+
+    def __init__(self, config: ModelConfig, plan: PrecisionPlan, prefix: str):
+        super().__init__()
+        self.gate = Router(config, plan)
+        fmt = plan.format_of(f"{prefix}.experts.gate_up_proj")
+        self.experts = PlannedExperts(
+            config.num_experts, config.hidden_size, config.moe_intermediate_size, fmt=fmt, plan=plan
+        )
+        self.shared_expert = None
+        if config.shared_expert_intermediate_size:
+            self.shared_expert = MLP(
+                config.hidden_size, config.shared_expert_intermediate_size, plan, f"{prefix}.shared_expert"
+            )
+            self.shared_expert_gate = PlannedLinear(config.hidden_size, 1, bias=False, fmt="bf16", plan=plan)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, h = x.shape
+        flat = x.reshape(-1, h)
+        top_i, top_w = self.gate(flat)
+        out = self.experts(flat, top_i, top_w)
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
+        return out.reshape(b, t, h)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+
+    def __init__(self, config: ModelConfig, plan: PrecisionPlan, index: int):
+        super().__init__()
+        prefix = f"model.layers.{index}"
+        self.index = index
+        self.self_attn = Attention(config, plan, f"{prefix}.self_attn")
+        if config.is_moe_layer(index):
+            self.mlp = SparseMoE(config, plan, f"{prefix}.mlp")
+        else:
+            self.mlp = MLP(config.hidden_size, config.intermediate_size, plan, f"{prefix}.mlp")
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, plan)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, plan)
+
+    def forward(self, x, cos, sin, mask, cache: KVCache | None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, self.index)
+        return x + self.mlp(self.post_attention_layernorm(x))

@@ -1,0 +1,127 @@
+"""The decoder-only MoE transformer (``Qwen3MoeForCausalLM``-compatible names and math)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nibble.model.config import ModelConfig
+from nibble.model.kv_cache import KVCache
+from nibble.model.layers import DecoderLayer, RMSNorm, rotary
+from nibble.recipe.modules import PlannedExperts, PlannedLinear, bf16_operand
+from nibble.recipe.plan import PrecisionPlan
+
+
+class _Backbone(nn.Module):
+    def __init__(self, config: ModelConfig, plan: PrecisionPlan):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        nn.init.normal_(self.embed_tokens.weight, std=0.02)
+        self.layers = nn.ModuleList(DecoderLayer(config, plan, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, plan)
+
+
+class MoETransformer(nn.Module):
+    """A causal LM: ``forward(input_ids [B, T]) -> logits [B, T, V]`` (float32).
+
+    Parameters are named as Hugging Face's Qwen-MoE (``model.layers.{i}.mlp.experts.gate_up_proj``
+    …); :mod:`nibble.model.hf` converts to and from checkpoints. Every weight enters the forward
+    through its bf16 cast and the format the ``plan`` gives it.
+    """
+
+    def __init__(self, config: ModelConfig, plan: PrecisionPlan | None = None):
+        super().__init__()
+        plan = plan or PrecisionPlan(num_layers=config.num_hidden_layers, format="bf16")
+        if plan.num_layers != config.num_hidden_layers:
+            raise ValueError(f"plan is for {plan.num_layers} layers, model has {config.num_hidden_layers}")
+        self.config, self.plan = config, plan
+        self.model = _Backbone(config, plan)
+        self.lm_head = PlannedLinear(config.hidden_size, config.vocab_size, bias=False, fmt="bf16", plan=plan)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits for every position.
+
+        Args:
+            input_ids: int64 ``[B, T]``.
+            positions: int64 ``[B, T]`` RoPE positions; default ``arange`` continuing the cache.
+            kv_cache: append this chunk's keys/values and attend to everything cached before it.
+            attention_mask: bool ``[B, T]``, False for padding tokens (they are never attended to).
+        Returns:
+            float32 ``[B, T, vocab_size]``.
+        Raises:
+            ValueError: a position at or beyond ``max_position_embeddings``, or a token id outside the vocab.
+        """
+        b, t = input_ids.shape
+        start = kv_cache.length if kv_cache is not None else 0
+        if positions is None:
+            positions = torch.arange(start, start + t, device=input_ids.device).expand(b, t)
+        self._check_inputs(input_ids, positions)
+        valid = attention_mask if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
+        mask = self._attention_mask(valid, kv_cache)
+        cd = self.plan.torch_compute_dtype
+        x = F.embedding(input_ids, bf16_operand(self.model.embed_tokens.weight, self.plan)).to(cd)
+        cos, sin = rotary(positions, self.config.head_dim, self.config.rope_theta)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, mask, kv_cache)
+        if kv_cache is not None:
+            kv_cache.advance(t)
+        return self.lm_head(self.model.norm(x)).to(torch.float32)
+
+    def _check_inputs(self, input_ids: torch.Tensor, positions: torch.Tensor) -> None:
+        if positions.numel() and int(positions.max()) >= self.config.max_position_embeddings:
+            raise ValueError(
+                f"position {int(positions.max())} >= max_position_embeddings={self.config.max_position_embeddings}"
+                " (prompt plus response longer than the context)"
+            )
+        if input_ids.numel() and not (0 <= int(input_ids.min()) and int(input_ids.max()) < self.config.vocab_size):
+            raise ValueError(
+                f"token ids must lie in [0, {self.config.vocab_size}), got {input_ids.min()}..{input_ids.max()}"
+            )
+
+    @staticmethod
+    def _attention_mask(valid: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+        """Bool ``[B, 1, T, S]``: causal over all cached + new keys, pads never attended to."""
+        b, t = valid.shape
+        if cache is None:
+            keys = valid
+            offset = 0
+        else:
+            cache.reserve(valid)
+            keys = cache.key_mask[:, : cache.length + t]
+            offset = cache.length
+        s = keys.shape[1]
+        query_pos = torch.arange(offset, offset + t, device=valid.device).unsqueeze(1)
+        causal = torch.arange(s, device=valid.device).unsqueeze(0) <= query_pos
+        mask = causal.unsqueeze(0) & keys.unsqueeze(1)
+        # A padding query would attend to nothing (NaN softmax): let it see itself; its output is unused.
+        diag = torch.zeros(t, s, dtype=torch.bool, device=valid.device)
+        diag[torch.arange(t), torch.arange(offset, offset + t)] = True
+        return (mask | (diag.unsqueeze(0) & ~valid.unsqueeze(-1))).unsqueeze(1)
+
+    def pack(self) -> MoETransformer:
+        """Convert to the sampler's form in place (packed quantised weights, bf16 elsewhere, no grads)."""
+        for module in self.modules():
+            if isinstance(module, (PlannedLinear, PlannedExperts)):
+                module.pack()
+        for param in self.parameters():  # embeddings, norms, router: their bf16 cast is what computes
+            param.requires_grad_(False)
+            param.data = param.data.to(torch.bfloat16)
+        return self
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def save_pretrained(self, path, *, dtype: torch.dtype = torch.float32) -> None:
+        """Write an HF-format directory (config.json + model.safetensors, per-expert layout)."""
+        from nibble.model.hf import save_pretrained
+
+        save_pretrained(self, path, dtype=dtype)

@@ -1,0 +1,97 @@
+"""Quantised matmuls with the three backward modes of DESIGN.md §3, as a ``torch.autograd.Function``.
+
+Forward always runs on quantised operands, emulated as ``DQ(Q(x)) @ DQ(Q(W)).T`` in the plan's
+compute dtype (on Blackwell the same codes feed FP4 tensor cores; the quantisation decisions are the
+same). Backward:
+
+- ``high_precision``: gradients of ``x @ W.T`` on the original operands;
+- ``dequantized`` (the recipe): ``dgrad = dY @ DQ(Q(W))``, ``wgrad = dY.T @ DQ(Q(x))``, passed straight
+  through to ``x`` and ``W``; only the codes and scales are saved from the forward;
+- ``quantized``: the backward GEMMs also run on operands quantised along their contraction dimension
+  (per row, zero-padded to the block), the pre-training-style baseline.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nibble.kernels import MXFP8Tensor, NVFP4Tensor
+from nibble.recipe.plan import PrecisionPlan
+from nibble.recipe.quant import QuantizedWeight, fake_quantize, quantize_activation
+
+
+def select(q: QuantizedWeight, index: int) -> QuantizedWeight:
+    """Expert ``index`` of a quantised expert stack ``[E, N, K]``, as a ``[N, K]`` quantised weight."""
+    if isinstance(q, MXFP8Tensor):
+        return MXFP8Tensor(q.elements[index], q.block_scales[index], q.scale_mode)
+    return NVFP4Tensor(q.codes[index], q.block_scales[index], q.global_scale[index], q.four_over_six, q.shape[1:])
+
+
+def _parts(q: QuantizedWeight) -> tuple[torch.Tensor, ...]:
+    if isinstance(q, MXFP8Tensor):
+        return (q.elements, q.block_scales)
+    return (q.codes, q.block_scales, q.global_scale)
+
+
+def _rebuild(like: QuantizedWeight, parts: tuple[torch.Tensor, ...]) -> QuantizedWeight:
+    if isinstance(like, MXFP8Tensor):
+        return MXFP8Tensor(*parts, like.scale_mode)
+    return NVFP4Tensor(*parts, like.four_over_six, like.shape)
+
+
+class QuantizedMatmul(torch.autograd.Function):
+    """``y [N, out] = DQ(Q(x)) @ DQ(qweight).T`` with gradients to ``x [N, K]`` and ``weight [out, K]``.
+
+    ``qweight`` must be the quantisation of ``weight``'s bf16 cast (see :func:`quantize_weight`); it
+    is passed in so an expert stack is quantised once per forward, not once per expert.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, qweight, fmt: str, plan: PrecisionPlan):
+        cd = plan.torch_compute_dtype
+        qx = quantize_activation(x, fmt, plan)
+        w_hat = qweight.dequantize(cd)
+        y = qx.dequantize(cd) @ w_hat.T
+        ctx.fmt, ctx.plan, ctx.x_dtype = fmt, plan, x.dtype
+        if plan.backward == "dequantized":
+            ctx.like = (qx, qweight)
+            ctx.n_x = len(_parts(qx))
+            ctx.save_for_backward(*_parts(qx), *_parts(qweight))
+        else:
+            ctx.save_for_backward(x, weight)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        plan, cd = ctx.plan, ctx.plan.torch_compute_dtype
+        dy = dy.to(cd)
+        if plan.backward == "dequantized":
+            saved = ctx.saved_tensors
+            qx = _rebuild(ctx.like[0], saved[: ctx.n_x])
+            qw = _rebuild(ctx.like[1], saved[ctx.n_x :])
+            x_op, w_op, dy_dgrad, dy_wgrad = qx.dequantize(cd), qw.dequantize(cd), dy, dy
+        else:
+            x, weight = ctx.saved_tensors
+            x_op, w_op, dy_dgrad, dy_wgrad = x.to(cd), weight.to(cd), dy, dy
+            if plan.backward == "quantized":
+                dy_dgrad = fake_quantize(dy, ctx.fmt, plan)
+                w_op = fake_quantize(w_op.T, ctx.fmt, plan).T
+                dy_wgrad = fake_quantize(dy.T, ctx.fmt, plan).T
+                x_op = fake_quantize(x_op.T, ctx.fmt, plan).T
+        grad_x = (dy_dgrad @ w_op).to(ctx.x_dtype) if ctx.needs_input_grad[0] else None
+        grad_w = (dy_wgrad.T @ x_op).to(torch.float32) if ctx.needs_input_grad[1] else None
+        return grad_x, grad_w, None, None, None
+
+
+def quantized_matmul(
+    x: torch.Tensor, weight: torch.Tensor | None, qweight: QuantizedWeight, fmt: str, plan: PrecisionPlan
+) -> torch.Tensor:
+    """``x [N, K] -> [N, out]`` through quantised operands.
+
+    With ``weight`` (the float32 master, trainer side) gradients flow per the plan's backward mode;
+    with ``weight=None`` (packed weights, sampler side) it is a plain no-grad forward with the same bits.
+    """
+    if weight is None or not torch.is_grad_enabled():
+        cd = plan.torch_compute_dtype
+        return quantize_activation(x, fmt, plan).dequantize(cd) @ qweight.dequantize(cd).T
+    return QuantizedMatmul.apply(x, weight, qweight, fmt, plan)

@@ -1,0 +1,123 @@
+"""Linear layers and expert stacks that compute in whatever format the precision plan gives them.
+
+Each module holds a float32 master weight (trainer side) until :meth:`pack` replaces it with what a
+sampler keeps: packed NVFP4/MXFP8 codes for quantised weights, bf16 for the rest. Both sides run the
+same arithmetic on the same bytes: every weight enters the forward through its bf16 cast.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nibble.recipe.linear import quantized_matmul, select
+from nibble.recipe.plan import PrecisionPlan
+from nibble.recipe.quant import QuantizedWeight, quantize_weight
+
+
+def bf16_operand(weight: torch.Tensor, plan: PrecisionPlan) -> torch.Tensor:
+    """A high-precision weight as both sides see it: its bf16 cast, in the plan's compute dtype."""
+    return weight.to(torch.bfloat16).to(plan.torch_compute_dtype)
+
+
+class PlannedLinear(nn.Module):
+    """``y = x @ W.T (+ b)`` with ``W [out, in]`` in the format ``fmt`` (``bf16`` | ``mxfp8`` | ``nvfp4``).
+
+    Input ``[..., in]`` in any float dtype, output ``[..., out]`` in the plan's compute dtype.
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, bias: bool, fmt: str, plan: PrecisionPlan):
+        super().__init__()
+        self.fmt, self.plan = fmt, plan
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        self.packed: QuantizedWeight | None = None
+        nn.init.normal_(self.weight, std=1 / math.sqrt(in_features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cd = self.plan.torch_compute_dtype
+        bias = None if self.bias is None else bf16_operand(self.bias, self.plan)
+        if self.fmt == "bf16":
+            return F.linear(x.to(cd), bf16_operand(self.weight, self.plan), bias)
+        weight = None if self.packed is not None else self.weight
+        qweight = self.packed if self.packed is not None else quantize_weight(self.weight, self.fmt, self.plan)
+        y = quantized_matmul(x.reshape(-1, x.shape[-1]).to(cd), weight, qweight, self.fmt, self.plan)
+        y = y.reshape(*x.shape[:-1], -1)
+        return y if bias is None else y + bias
+
+    @torch.no_grad()
+    def pack(self) -> None:
+        """Sampler form: quantised weights kept packed, high-precision ones as bf16; no gradients."""
+        if self.fmt == "bf16":
+            self.weight = nn.Parameter(self.weight.to(torch.bfloat16), requires_grad=False)
+        else:
+            self.packed = quantize_weight(self.weight, self.fmt, self.plan)
+            del self.weight
+            self.register_parameter("weight", None)
+        if self.bias is not None:
+            self.bias = nn.Parameter(self.bias.to(torch.bfloat16), requires_grad=False)
+
+
+class PlannedExperts(nn.Module):
+    """Routed SwiGLU experts as stacks: ``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``.
+
+    Quantised per expert projection with gate and up sharing one outer scale (they are one tensor).
+    Tokens are sorted by expert and each expert runs one matmul over its tokens.
+    """
+
+    def __init__(self, num_experts: int, hidden: int, inter: int, *, fmt: str, plan: PrecisionPlan):
+        super().__init__()
+        self.fmt, self.plan, self.num_experts = fmt, plan, num_experts
+        self.gate_up_proj = nn.Parameter(torch.randn(num_experts, 2 * inter, hidden) / math.sqrt(hidden))
+        self.down_proj = nn.Parameter(torch.randn(num_experts, hidden, inter) / math.sqrt(inter))
+        self.packed: tuple[QuantizedWeight, QuantizedWeight] | None = None
+
+    def forward(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        """``x [N, H]``, ``top_k_index`` int64 ``[N, k]``, ``top_k_weights [N, k]`` -> ``[N, H]``."""
+        cd = self.plan.torch_compute_dtype
+        k = top_k_index.shape[1]
+        flat = top_k_index.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        token = order // k
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        xs = x.to(cd)[token]
+        gate_up, down = self._operands()
+        outputs, start = [], 0
+        for expert, count in enumerate(counts):
+            if count:
+                segment = xs[start : start + count]
+                gate, up = self._matmul(segment, gate_up, expert).chunk(2, dim=-1)
+                outputs.append(self._matmul(F.silu(gate) * up, down, expert))
+                start += count
+        routed = torch.cat(outputs) if outputs else xs.new_zeros(0, x.shape[-1])
+        weighted = routed * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(cd)
+        return torch.zeros(x.shape, dtype=cd, device=x.device).index_add(0, token, weighted)
+
+    def _operands(self):
+        if self.packed is not None:
+            return [(None, q) for q in self.packed]
+        if self.fmt == "bf16":
+            return [(bf16_operand(w, self.plan), None) for w in (self.gate_up_proj, self.down_proj)]
+        return [(w, quantize_weight(w, self.fmt, self.plan)) for w in (self.gate_up_proj, self.down_proj)]
+
+    def _matmul(self, x: torch.Tensor, operand, expert: int) -> torch.Tensor:
+        weight, qweight = operand
+        if qweight is None:
+            return x @ weight[expert].T
+        w = None if weight is None else weight[expert]
+        return quantized_matmul(x, w, select(qweight, expert), self.fmt, self.plan)
+
+    @torch.no_grad()
+    def pack(self) -> None:
+        """Sampler form (see :meth:`PlannedLinear.pack`)."""
+        if self.fmt == "bf16":
+            self.gate_up_proj = nn.Parameter(self.gate_up_proj.to(torch.bfloat16), requires_grad=False)
+            self.down_proj = nn.Parameter(self.down_proj.to(torch.bfloat16), requires_grad=False)
+            return
+        self.packed = tuple(quantize_weight(w, self.fmt, self.plan) for w in (self.gate_up_proj, self.down_proj))
+        del self.gate_up_proj, self.down_proj
+        self.register_parameter("gate_up_proj", None)
+        self.register_parameter("down_proj", None)

@@ -1,0 +1,59 @@
+"""Quantise-dequantise of weights and activations under a precision plan (the forward's operands).
+
+Weights are always quantised from their bf16 cast (DESIGN.md §3), so the trainer's forward,
+weight-sync and checkpoint export see exactly the same bytes. Expert stacks ``[E, N, K]`` get one
+outer scale per expert: quantising the flattened ``[E, N*K]`` per row is bit-identical to quantising
+each expert per tensor (the 16-element blocks and the amax are the same).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from nibble.kernels import MXFP8Tensor, NVFP4Tensor, mxfp8, nvfp4
+from nibble.recipe.plan import PrecisionPlan
+
+QuantizedWeight = NVFP4Tensor | MXFP8Tensor
+
+
+def quantize_weight(weight: torch.Tensor, fmt: str, plan: PrecisionPlan) -> QuantizedWeight:
+    """Quantise a weight ``[N, K]`` (one outer scale) or an expert stack ``[E, N, K]`` (one per expert).
+
+    The input is cast to bf16 first; ``fmt`` is ``"nvfp4"`` or ``"mxfp8"``.
+    """
+    w = weight.detach().to(torch.bfloat16)
+    if fmt == "mxfp8":
+        return mxfp8.quantize(w, validate=False)
+    if w.dim() == 2:
+        return nvfp4.quantize(w, scale="per_tensor", four_over_six=plan.four_over_six, validate=False)
+    flat = nvfp4.quantize(
+        w.reshape(w.shape[0], -1), scale="per_token", four_over_six=plan.four_over_six, validate=False
+    )
+    return NVFP4Tensor(
+        codes=flat.codes.reshape(*w.shape[:-1], w.shape[-1] // 2),
+        block_scales=flat.block_scales.reshape(*w.shape[:-1], w.shape[-1] // nvfp4.NVFP4_BLOCK),
+        global_scale=flat.global_scale,
+        four_over_six=flat.four_over_six,
+        shape=w.shape,
+    )
+
+
+def quantize_activation(x: torch.Tensor, fmt: str, plan: PrecisionPlan) -> QuantizedWeight:
+    """Quantise activations ``[..., K]``: NVFP4 with the plan's activation scale (per token), or MXFP8."""
+    if fmt == "mxfp8":
+        return mxfp8.quantize(x, validate=False)
+    return nvfp4.quantize(x, scale=plan.activation_scale, four_over_six=plan.four_over_six, validate=False)
+
+
+def fake_quantize(t: torch.Tensor, fmt: str, plan: PrecisionPlan) -> torch.Tensor:
+    """Quantise-dequantise ``t [..., K]`` along its last dim, zero-padding K to the block size.
+
+    Used for the ``quantized`` backward, whose gradient GEMMs contract over dims (tokens, output
+    features) that need not be multiples of the block; zeros do not change a block's amax or sum.
+    """
+    block = mxfp8.MXFP8_BLOCK if fmt == "mxfp8" else nvfp4.NVFP4_BLOCK
+    k = t.shape[-1]
+    padded = F.pad(t, (0, -k % block)) if k % block else t
+    out = quantize_activation(padded, fmt, plan).dequantize(t.dtype)
+    return out[..., :k]
