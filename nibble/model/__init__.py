@@ -7,8 +7,8 @@ from nibble.model.transformer import MoETransformer
 
 __all__ = [
     "KVCache",
-    "ModelConfig",
     "MoETransformer",
+    "ModelConfig",
     "from_pretrained",
     "load_config",
     "qwen3_30b_a3b_shaped",

@@ -59,7 +59,8 @@ def from_pretrained(path, *, plan: PrecisionPlan | None = None, dtype: torch.dty
     for name, tensor in state.items():
         if tensor.shape != expected[name].shape:
             raise ValueError(
-                f"{path}: tensor {name} has shape {tuple(tensor.shape)}, config.json implies {tuple(expected[name].shape)}"
+                f"{path}: tensor {name} has shape {tuple(tensor.shape)}, "
+                f"config.json implies {tuple(expected[name].shape)}"
             )
     model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=not config.tie_word_embeddings)
     return model.to(dtype)

@@ -82,7 +82,7 @@ class MoETransformer(nn.Module):
                 f"position {int(positions.max())} >= max_position_embeddings={self.config.max_position_embeddings}"
                 " (prompt plus response longer than the context)"
             )
-        if input_ids.numel() and not (0 <= int(input_ids.min()) and int(input_ids.max()) < self.config.vocab_size):
+        if input_ids.numel() and not (int(input_ids.min()) >= 0 and int(input_ids.max()) < self.config.vocab_size):
             raise ValueError(
                 f"token ids must lie in [0, {self.config.vocab_size}), got {input_ids.min()}..{input_ids.max()}"
             )
@@ -90,7 +90,7 @@ class MoETransformer(nn.Module):
     @staticmethod
     def _attention_mask(valid: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
         """Bool ``[B, 1, T, S]``: causal over all cached + new keys, pads never attended to."""
-        b, t = valid.shape
+        t = valid.shape[1]
         if cache is None:
             keys = valid
             offset = 0
