@@ -21,8 +21,10 @@ def model_with(plan_options: dict, seed: int = 0) -> MoETransformer:
 
 
 def compare(model, max_new_tokens=24, seed=0):
+    """Sample with the packed sampler form, score with the trainer form (the real arrangement)."""
+    sampler = copy.deepcopy(model).pack()
     out = generate(
-        model,
+        sampler,
         PROMPTS,
         max_new_tokens=max_new_tokens,
         temperature=0.9,
