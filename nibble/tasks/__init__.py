@@ -3,6 +3,7 @@
 from nibble.tasks.addition import AdditionTask
 from nibble.tasks.base import Example, Task
 from nibble.tasks.matching import exact_match, numeric_match
+from nibble.tasks.rewards import RewardRunner
 from nibble.tasks.tokenizers import CharTokenizer, HFTokenizer, Tokenizer
 
 __all__ = [
@@ -10,6 +11,7 @@ __all__ = [
     "CharTokenizer",
     "Example",
     "HFTokenizer",
+    "RewardRunner",
     "Task",
     "Tokenizer",
     "exact_match",
