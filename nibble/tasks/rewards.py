@@ -9,11 +9,13 @@ blocked longer than the timeout per call, and never sees an exception from the f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 import selectors
+import signal
 import subprocess
 import sys
 import threading
@@ -37,6 +39,7 @@ class _Worker:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
+            start_new_session=True,  # its own process group: a kill also reaches processes the function started
         )
         self._finalizer = weakref.finalize(self, _kill, self.process)
         self._selector = selectors.DefaultSelector()
@@ -91,8 +94,8 @@ class _Worker:
 
 
 def _kill(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.kill()
+    with contextlib.suppress(ProcessLookupError):  # the group outlives its leader while children remain
+        os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     for pipe in (process.stdin, process.stdout):
         if pipe is not None and not pipe.closed:

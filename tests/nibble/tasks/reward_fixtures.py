@@ -23,3 +23,14 @@ def behaves(prompt: str, response: str, answer: str) -> object:
 
 
 not_callable = 42
+
+
+def spawns_and_hangs(prompt: str, response: str, answer: str) -> float:
+    """Starts a long-lived child (its pid written to ``response``, a file path), then hangs."""
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "3600"])
+    with open(response, "w") as f:
+        f.write(str(child.pid))
+    time.sleep(3600)
+    return 1.0

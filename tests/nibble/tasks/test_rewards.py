@@ -2,6 +2,7 @@
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -87,3 +88,23 @@ def test_a_module_that_hangs_on_import_fails_construction_instead_of_hanging():
 def test_timeout_must_be_a_positive_number(timeout):
     with pytest.raises(ValueError, match="timeout="):
         RewardRunner(BEHAVES, timeout=timeout)
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie (a killed orphan may wait for a reaper)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_a_timeout_also_kills_processes_the_function_started(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    with RewardRunner("tests.nibble.tasks.reward_fixtures:spawns_and_hangs", timeout=0.5) as runner:
+        assert runner.score("p", str(pid_file), "a") is None
+        child = int(pid_file.read_text())
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and running(child):
+            time.sleep(0.05)
+        assert not running(child)
