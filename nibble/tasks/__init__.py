@@ -1,0 +1,24 @@
+"""Procedurally generated and file-backed verifiable tasks, their rewards and tokenizers (DESIGN.md §1)."""
+
+from nibble.tasks.addition import AdditionTask
+from nibble.tasks.base import Example, Task
+from nibble.tasks.jsonl import JsonlTask
+from nibble.tasks.matching import exact_match, numeric_match
+from nibble.tasks.registry import TASKS, get_task
+from nibble.tasks.rewards import RewardRunner
+from nibble.tasks.tokenizers import CharTokenizer, HFTokenizer, Tokenizer
+
+__all__ = [
+    "TASKS",
+    "AdditionTask",
+    "CharTokenizer",
+    "Example",
+    "HFTokenizer",
+    "JsonlTask",
+    "RewardRunner",
+    "Task",
+    "Tokenizer",
+    "exact_match",
+    "get_task",
+    "numeric_match",
+]
