@@ -1,0 +1,42 @@
+"""Held-out evaluation: greedy responses to a task's evaluation split, scored by its reward."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from nibble.model.generate import generate
+from nibble.model.transformer import MoETransformer
+from nibble.tasks import Example, Task
+
+
+def decode_response(task: Task, tokens: Sequence[int]) -> str:
+    """Response text without the end-of-sequence token that closed it."""
+    ids = list(tokens)
+    if ids and ids[-1] == task.tokenizer.eos_id:
+        ids = ids[:-1]
+    return task.tokenizer.decode(ids)
+
+
+@torch.no_grad()
+def accuracy(model: MoETransformer, task: Task, examples: Sequence[Example] | None = None, batch: int = 128) -> float:
+    """Fraction of ``examples`` (default: the task's evaluation split) answered with reward ≥ 1 under
+    greedy decoding; a response whose reward fails (``None``) counts as wrong."""
+    examples = list(task.eval_examples() if examples is None else examples)
+    if not examples:
+        raise ValueError("accuracy: no evaluation examples")
+    correct = 0
+    for start in range(0, len(examples), batch):
+        chunk = examples[start : start + batch]
+        out = generate(
+            model,
+            [task.prompt_ids(e) for e in chunk],
+            max_new_tokens=task.max_response_tokens,
+            temperature=0.0,
+            stop_tokens=[task.tokenizer.eos_id],
+            pad_id=task.tokenizer.pad_id,
+        )
+        rewards = task.score_many(chunk, [decode_response(task, t) for t in out.tokens])
+        correct += sum(1 for r in rewards if r is not None and r >= 1.0)
+    return correct / len(examples)
