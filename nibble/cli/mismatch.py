@@ -36,4 +36,4 @@ def mismatch(
         table.add_column(column, justify="left" if column in ("plan", "trainer") else "right")
     for r in rows:
         table.add_row(r.plan, r.trainer, f"{r.logprob_abs_diff:.4g}", f"{r.mismatch_kl:.3g}", str(r.tokens))
-    Console().print(table)
+    Console(width=140).print(table)
