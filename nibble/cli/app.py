@@ -41,7 +41,7 @@ def user_errors(func: F) -> F:
 
 def main() -> None:
     """Console-script entry point."""
-    from nibble.cli import quant_error  # noqa: F401  (registers the sub-command)
+    from nibble.cli import quant_error, simulate  # noqa: F401  (register the sub-commands)
 
     app(prog_name="nibble")
     sys.exit(0)
