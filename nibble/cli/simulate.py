@@ -126,8 +126,14 @@ def _print_summary(summary: dict) -> None:
     table.add_column("")
     table.add_column("", justify="right")
     for key, value in summary.items():
-        table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+        table.add_row(key, _number(value))
     _console().print(table)
+
+
+def _number(value) -> str:
+    if not isinstance(value, float):
+        return str(value)
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
 
 
 def _print_sources(calibration) -> None:

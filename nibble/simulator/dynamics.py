@@ -23,7 +23,7 @@ class Dynamics:
     drift: list[float]  # after the step
     reward: list[float]  # after the step
     spikes: list[int]  # steps that took a gradient spike
-    collapsed_at: int | None  # first step whose drift exceeded 2.2
+    collapsed_at: int | None  # index (from 0) of the first step whose drift exceeded 2.2
     steady_mismatch: float  # mean m over the last STEADY_WINDOW steps
     verdict: str  # stable | will_diverge | diverged
 

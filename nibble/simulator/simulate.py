@@ -36,7 +36,8 @@ class SimResult:
     ghosts: dict[str, Run]
 
     def summary(self) -> dict:
-        """The headline numbers (units: seconds, nats/token; speed is a ratio of wall-clock times)."""
+        """The headline numbers (units: seconds, nats/token; speed is a ratio of wall-clock times; steps
+        count from 1)."""
         run, timeline, dyn = self.run, self.run.timeline, self.run.dynamics
         critical = stability.critical_mismatch()
         return {
@@ -51,7 +52,7 @@ class SimResult:
             "final_drift": dyn.drift[-1],
             "final_reward": dyn.reward[-1],
             "verdict": dyn.verdict,
-            "collapsed_at_step": dyn.collapsed_at,
+            "collapsed_at_step": None if dyn.collapsed_at is None else dyn.collapsed_at + 1,  # 1-based
             "critical_mismatch": critical,
             "precision_floor": run.floor,
             "steady_mismatch": dyn.steady_mismatch,

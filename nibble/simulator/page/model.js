@@ -316,7 +316,7 @@ const NibbleModel = (() => {
       final_drift: dyn.drift[dyn.drift.length - 1],
       final_reward: dyn.reward[dyn.reward.length - 1],
       verdict: dyn.verdict,
-      collapsed_at_step: dyn.collapsedAt,
+      collapsed_at_step: dyn.collapsedAt === null ? null : dyn.collapsedAt + 1,
       critical_mismatch: critical,
       precision_floor: run.floor,
       steady_mismatch: dyn.steady,

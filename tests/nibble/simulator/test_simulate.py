@@ -58,7 +58,7 @@ def test_summary_reports_the_floor_critical_mismatch_and_headroom():
 
 def test_a_run_above_critical_is_called_will_diverge_before_it_collapses():
     # Staleness 2 pins the batch mismatch at 0.0447, just above critical: the run has not collapsed after 30
-    # steps (drift 1.94), but the drift map has no fixed point left (it collapses at step 41 of 200).
+    # steps (drift 1.94), but the drift map has no fixed point left (it collapses at step 42 of 200).
     summary = simulate(SimConfig(max_staleness=2, steps=30), ghosts=False).summary()
     assert summary["verdict"] == "will_diverge" and summary["collapsed_at_step"] is None
 
