@@ -5,6 +5,7 @@ import html
 import json
 import re
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 
@@ -100,3 +101,8 @@ def test_moving_sliders_changes_the_curves(page):
     assert after["drift"] != before["drift"] and after["mismatch"] != before["mismatch"]
     assert after["summary"]["verdict"] == "diverged" != before["summary"]["verdict"]
     assert after["summary"] == python_record(changed, published())["summary"]
+
+
+def test_the_committed_demo_page_is_current():
+    committed = Path(__file__).resolve().parents[3] / "docs" / "simulator" / "simulation.html"
+    assert committed.read_text() == render(SimConfig(), published()), "regenerate docs/simulator (README)"
