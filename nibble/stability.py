@@ -4,7 +4,7 @@ Source: the interactive "RL training simulator" of *The 4-Bitter Lesson: balanci
 performance in NVFP4 RL* (humans&, July 2026). Only the precision floors and step times are measurements
 (Qwen3-30B-A3B, DAPO-math-17k, 8k tokens, last 15% of layers in BF16); the dynamics are illustrative.
 The simulator (``nibble.simulator``) and the trainer's ``nibble_drift_headroom`` gauge both import this
-module, and the simulator's interactive page ports these functions to JavaScript (``page/model.js``);
+module, and the simulator's interactive page ports these functions to JavaScript (``simulator/web/model.js``);
 keep the three in step.
 
 Units: a *mismatch* is a mean absolute train–rollout log-probability difference per token (nats, the

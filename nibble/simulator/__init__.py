@@ -3,7 +3,7 @@
 Pure Python (no torch, no numpy), so ``nibble simulate`` starts fast. Modules: ``config`` (knobs),
 ``calibrate`` (measured inputs and their sources), ``timeline`` (samplers, queue, trainer, weight sync),
 ``dynamics`` (drift and reward), ``simulate`` (one run with its baseline and ghosts), ``optimize`` (the
-frontier), ``plots`` (PNG, matplotlib) and ``page`` (the interactive HTML page).
+frontier), ``plots`` (PNG, matplotlib) and ``page`` (the interactive HTML page, from the assets in ``web/``).
 """
 
 from nibble.simulator.calibrate import Calibration, load, published

@@ -11,7 +11,7 @@ from nibble import stability
 from nibble.simulator.dynamics import rollout_cost
 from nibble.simulator.simulate import SimResult
 
-# Colours shared with the page (page/page.js): one per precision, a colour map for mismatch.
+# Colours shared with the page (web/page.js): one per precision, a colour map for mismatch.
 PRECISION_COLOURS = {"bf16": "#1f77b4", "mxfp8": "#2ca02c", "nvfp4": "#d62728"}
 MISMATCH_CMAP = "viridis"
 # The timeline panel shows the first train steps only, so bars stay readable.

@@ -2,7 +2,7 @@
 
 Mulberry32 (Tommy Ettinger, public domain): 32-bit state, one add and three multiply-xorshift rounds per
 draw. Numpy's generators cannot be ported to the browser exactly; this one can (``Math.imul`` and ``>>>``
-in ``page/model.js``), so a config and a seed give the same timeline in both. Draws are ``k / 2^32``, exact
+in ``web/model.js``), so a config and a seed give the same timeline in both. Draws are ``k / 2^32``, exact
 doubles in [0, 1).
 """
 

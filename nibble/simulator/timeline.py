@@ -13,7 +13,7 @@ Rules (DESIGN.md §5, simplified to one trajectory group per sampler at a time):
   with), trains ``batch`` of them for ``train_seconds`` and publishes version ``v + 1``.
 
 Simultaneous events resolve in a fixed order — completions by sampler index, then the trainer, then idle
-samplers by index — so the page's JavaScript port (``page/model.js``) replays it exactly.
+samplers by index — so the page's JavaScript port (``web/model.js``) replays it exactly.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The self-contained interactive page: ``template.html`` with ``model.js`` (the model, ported) and
-``page.js`` (sliders, charts) inlined, and the run's knobs and calibration embedded as JSON.
+"""The self-contained interactive page: ``web/template.html`` with ``web/model.js`` (the model, ported)
+and ``web/page.js`` (sliders, charts) inlined, and the run's knobs and calibration embedded as JSON.
 
 No server, no network: the page references no URL and loads nothing.
 """
@@ -15,8 +15,8 @@ from nibble.simulator.config import SimConfig
 
 
 def asset(name: str) -> str:
-    """Text of one file of this package (``model.js``, ``page.js``, ``template.html``)."""
-    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+    """Text of one file of ``web/`` (``model.js``, ``page.js``, ``template.html``)."""
+    return resources.files("nibble.simulator").joinpath("web", name).read_text(encoding="utf-8")
 
 
 def model_js() -> str:
