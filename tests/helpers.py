@@ -86,3 +86,35 @@ def gap_above(magnitude: torch.Tensor) -> torch.Tensor:
 def rel_mse(x_hat: torch.Tensor, x: torch.Tensor) -> float:
     x64 = x.double()
     return float((x_hat.double() - x64).pow(2).sum() / x64.pow(2).sum())
+
+
+# Simulator knobs of NVFP4 "without the recipe": no 4/6, high-precision backward, every layer quantised.
+NO_RECIPE = dict(four_over_six=False, dequantized_backward=False, bf16_last_15=False, bf16_shared_experts=False)
+
+CHROMIUM_FLAGS = (
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+)  # fmt: skip
+
+
+def chromium_dom(page: Path, fragment: str = "", timeout: float = 60) -> str:
+    """The DOM of ``page`` (a local file) after its scripts ran, from headless Chromium's ``--dump-dom``.
+
+    ``fragment`` is the URL hash (without ``#``). Chromium comes from Debian's ``chromium`` package,
+    which scripts/setup installs; each call uses a fresh profile directory.
+    """
+    import shutil
+    import subprocess
+    import tempfile
+
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    if binary is None:
+        pytest.fail("headless Chromium is missing: run scripts/setup (installs Debian's chromium)")
+    url = page.resolve().as_uri() + (f"#{fragment}" if fragment else "")
+    with tempfile.TemporaryDirectory() as profile:
+        result = subprocess.run(
+            [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom", url],
+            capture_output=True, text=True, timeout=timeout,
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout

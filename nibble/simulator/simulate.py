@@ -1,0 +1,113 @@
+"""One simulated run: the timeline, the dynamics on it, the synchronous-BF16 baseline and ghost runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nibble import stability
+from nibble.simulator.calibrate import Calibration, published
+from nibble.simulator.config import SimConfig
+from nibble.simulator.dynamics import Dynamics, run_dynamics, step_costs
+from nibble.simulator.timeline import Timeline, build_timeline
+
+
+@dataclass(frozen=True)
+class Run:
+    """A timeline and the dynamics on it, for one configuration."""
+
+    config: SimConfig
+    timeline: Timeline
+    dynamics: Dynamics
+    floor: float  # precision floor f, nats/token
+
+    @property
+    def mean_staleness(self) -> float:
+        consumed = [r.staleness for r in self.timeline.rollouts if r.step is not None and not r.discarded]
+        return sum(consumed) / len(consumed)
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """The run asked for, its synchronous-BF16 baseline and ghost runs at the other precisions."""
+
+    run: Run
+    baseline_seconds: float  # wall-clock of the same steps, synchronous BF16
+    calibration: Calibration
+    ghosts: dict[str, Run]
+
+    def summary(self) -> dict:
+        """The headline numbers (units: seconds, nats/token; speed is a ratio of wall-clock times; steps
+        count from 1)."""
+        run, timeline, dyn = self.run, self.run.timeline, self.run.dynamics
+        critical = stability.critical_mismatch()
+        return {
+            "steps": len(timeline.steps),
+            "wall_clock_seconds": timeline.end_time,
+            "sync_bf16_wall_clock_seconds": self.baseline_seconds,
+            "speed_vs_sync_bf16": self.baseline_seconds / timeline.end_time,
+            "trainer_utilisation": timeline.trainer_utilisation,
+            "discards": timeline.discards,
+            "mean_staleness": run.mean_staleness,
+            "grad_spikes": len(dyn.spikes),
+            "final_drift": dyn.drift[-1],
+            "final_reward": dyn.reward[-1],
+            "verdict": dyn.verdict,
+            "collapsed_at_step": None if dyn.collapsed_at is None else dyn.collapsed_at + 1,  # 1-based
+            "critical_mismatch": critical,
+            "precision_floor": run.floor,
+            "steady_mismatch": dyn.steady_mismatch,
+            "drift_headroom": critical - dyn.steady_mismatch,
+        }
+
+
+def step_seconds(config: SimConfig, calibration: Calibration) -> tuple[float, float, float]:
+    """``(rollout, train, weight sync)`` seconds for ``config`` under ``calibration``."""
+    fmt = stability.format_key(config.precision, config.four_over_six)
+    train = stability.train_key(config.precision, config.dequantized_backward)
+    return calibration.rollout_seconds[fmt], calibration.train_seconds[train], calibration.weight_sync_seconds
+
+
+def floor_of(config: SimConfig, calibration: Calibration) -> float:
+    return stability.precision_floor(
+        config.precision,
+        four_over_six=config.four_over_six,
+        bf16_last_15=config.bf16_last_15,
+        bf16_shared_experts=config.bf16_shared_experts,
+        floors=calibration.floors,
+    )
+
+
+def spikes_of(config: SimConfig) -> stability.SpikeLaw:
+    return stability.spike_law(
+        config.precision, four_over_six=config.four_over_six, dequantized_backward=config.dequantized_backward
+    )
+
+
+def run_config(
+    config: SimConfig, calibration: Calibration, timeline: Timeline | None = None, costs: list[float] | None = None
+) -> Run:
+    """Timeline (unless given) and dynamics of ``config``; ``costs``, the timeline's step costs, if known."""
+    if timeline is None:
+        timeline = build_timeline(config, *step_seconds(config, calibration))
+    floor = floor_of(config, calibration)
+    costs = step_costs(timeline) if costs is None else costs
+    dynamics = run_dynamics(costs, floor, spikes_of(config), config.seed)
+    return Run(config, timeline, dynamics, floor)
+
+
+def sync_bf16(config: SimConfig) -> SimConfig:
+    """The baseline of ``config``: synchronous BF16 on the same workload and samplers."""
+    return config.with_(precision="bf16", max_staleness=0)
+
+
+def simulate(config: SimConfig, calibration: Calibration | None = None, *, ghosts: bool = True) -> SimResult:
+    """Simulate ``config``; with ``ghosts``, also the other two precisions (same knobs otherwise)."""
+    calibration = published() if calibration is None else calibration
+    run = run_config(config, calibration)
+    baseline = build_timeline(sync_bf16(config), *step_seconds(sync_bf16(config), calibration))
+    others = {}
+    if ghosts:
+        for precision in stability.PRECISIONS:
+            if precision != config.precision:
+                others[precision] = run_config(config.with_(precision=precision), calibration)
+    return SimResult(run, baseline.end_time, calibration, others)

@@ -1,0 +1,77 @@
+"""``nibble simulate`` through the installed console script, as a user runs it."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+NIBBLE = str(Path(sys.executable).with_name("nibble"))
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([NIBBLE, "simulate", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_json_run_writes_result_png_and_page(tmp_path):
+    result = run("--steps", "40", "--max-staleness", "2", "--horizon", "short", "--out", str(tmp_path), "--json")
+    assert result.returncode == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert record["config"]["max_staleness"] == 2 and record["config"]["horizon"] == "short"
+    summary = record["summary"]
+    for key in ("steps", "speed_vs_sync_bf16", "trainer_utilisation", "discards", "mean_staleness", "grad_spikes",
+                "final_drift", "verdict", "critical_mismatch", "precision_floor"):  # fmt: skip
+        assert key in summary
+    assert summary["steps"] == 40 and summary["verdict"] in ("stable", "will_diverge", "diverged")
+    assert (tmp_path / "simulation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "NibbleModel" in (tmp_path / "simulation.html").read_text()
+    saved = json.loads((tmp_path / "result.json").read_text())
+    assert len(saved["curves"]["drift"]) == 40 and set(saved["ghosts"]) == {"bf16", "mxfp8"}
+
+
+def test_table_output_with_a_calibration_says_where_numbers_came_from(tmp_path):
+    measured = tmp_path / "mismatch.json"
+    measured.write_text(json.dumps({"source": "tiny run", "floors": {"nvfp4_4o6": 0.029}}))
+    result = run("--steps", "20", "--out", str(tmp_path / "out"), "--calibrate", str(measured))
+    assert result.returncode == 0, result.stderr
+    assert "verdict" in result.stdout and "inputs and where they came from" in result.stdout
+    assert "tiny run" in result.stdout and "published" in result.stdout
+
+
+def test_optimize_prints_the_frontier_best_first(tmp_path):
+    args = ("--optimize", "--steps", "30", "--seeds", "1", "--max-samplers", "2", "--out", str(tmp_path))
+    result = run(*args, "--json")
+    assert result.returncode == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert record["searched"] == 25 * 9 * 2 and record["frontier"]
+    speeds = [row["speed_vs_sync_bf16"] for row in record["frontier"]]
+    assert speeds == sorted(speeds, reverse=True)
+    assert (tmp_path / "frontier.md").read_text().startswith("| # | precision |")
+    table = run(*args, "--top", "3")
+    assert table.returncode == 0 and "frontier, best first" in table.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-staleness", "9"], "max_staleness=9 is outside 0..8 (--max-staleness)"),
+        (["--precision", "fp8"], "precision='fp8' is not one of bf16, mxfp8, nvfp4"),
+        (["--batch", "5"], "batch=5 is not one of 4, 8, 16 (--batch)"),
+        (["--horizon", "forever"], "horizon='forever' is not one of short, medium, long"),
+        (["--num-samplers", "0"], "num_samplers=0 is outside 1..64"),
+        (["--calibrate", "/no/such/mismatch.json"], "/no/such/mismatch.json: no such file or directory"),
+    ],
+)
+def test_bad_knobs_exit_2_with_a_clear_message(args, message, tmp_path):
+    result = run(*args, "--out", str(tmp_path))
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_bad_calibration_file_names_the_file_and_field(tmp_path):
+    bad = tmp_path / "mismatch.json"
+    bad.write_text(json.dumps({"floors": {"nvfp4": "small"}}))
+    result = run("--calibrate", str(bad), "--out", str(tmp_path))
+    assert result.returncode == 2
+    assert f"{bad}: field 'floors.nvfp4' must be a positive finite number" in result.stderr

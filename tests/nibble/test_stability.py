@@ -1,0 +1,102 @@
+"""DESIGN.md §7's formulas (nibble.stability) against hand-computed values."""
+
+import itertools
+import math
+
+import pytest
+
+from nibble import stability
+
+
+def test_critical_mismatch_is_0_0441_with_the_published_constants():
+    assert stability.critical_mismatch() == pytest.approx(0.0441, abs=1e-4)
+    # m_eff,c = 0.12 / (2·√3.9) and m_c solves m² / (m + 0.02) = m_eff,c.
+    assert stability.critical_effective_mismatch() == pytest.approx(0.030382, abs=1e-6)
+    mc = stability.critical_mismatch()
+    assert stability.effective_mismatch(mc) == pytest.approx(stability.critical_effective_mismatch(), rel=1e-12)
+
+
+def test_the_drift_map_has_a_fixed_point_just_below_critical_and_none_just_above():
+    mc = stability.critical_mismatch()
+    assert stability.drift_fixed_points(stability.effective_mismatch(mc * 0.999)) is not None
+    assert stability.drift_fixed_points(stability.effective_mismatch(mc * 1.001)) is None
+
+
+# Hand-computed: f = 0.0103 + (f_format − 0.0103) · 1.6 · (0.625 if last 15%) · (0.8 if shared) (+ 0.008 NVFP4 no 4/6).
+FLOORS = {
+    # (last 15%, shared) in product order: neither, shared only, last 15% only, both
+    "mxfp8": dict(zip(itertools.product((False, True), repeat=2), (0.0263, 0.0231, 0.0203, 0.0183), strict=True)),
+    "nvfp4": dict(zip(itertools.product((False, True), repeat=2), (0.0543, 0.0471, 0.0408, 0.0363), strict=True)),
+    "nvfp4_4o6": dict(zip(itertools.product((False, True), repeat=2), (0.0439, 0.03718, 0.0313, 0.0271), strict=True)),
+}
+
+
+@pytest.mark.parametrize(
+    ("precision", "four_over_six", "last_15", "shared"),
+    list(itertools.product(stability.PRECISIONS, (False, True), (False, True), (False, True))),
+)
+def test_precision_floor_of_every_knob_combination(precision, four_over_six, last_15, shared):
+    floor = stability.precision_floor(
+        precision, four_over_six=four_over_six, bf16_last_15=last_15, bf16_shared_experts=shared
+    )
+    if precision == "bf16":
+        expected = 0.0103  # nothing quantised: the plan changes nothing
+    else:
+        key = "nvfp4_4o6" if precision == "nvfp4" and four_over_six else precision
+        expected = FLOORS[key][last_15, shared]
+    assert floor == pytest.approx(expected, abs=1e-12)
+
+
+def test_staleness_cost_is_0_011_gap_to_the_1_5():
+    assert [stability.staleness_cost(g) for g in (0, 1, 4)] == [0.0, 0.011, pytest.approx(0.088)]
+    assert stability.staleness_cost(8) == pytest.approx(0.011 * 8 * math.sqrt(8))
+    with pytest.raises(ValueError, match="gap=-1"):
+        stability.staleness_cost(-1)
+
+
+def test_drift_step_follows_the_map_and_never_goes_negative():
+    # 1 + 6·0.01 + 0.65·0.01·1 − 0.12 = 0.9465, then + spike.
+    assert stability.drift_step(1.0, 0.01, 0.3) == pytest.approx(0.9465 + 0.3)
+    assert stability.drift_step(0.0, 0.0) == 0.0
+
+
+def test_spike_law_only_nvfp4_spikes():
+    law = stability.spike_law
+    for precision in ("bf16", "mxfp8"):
+        for fos, deq in itertools.product((False, True), repeat=2):
+            assert law(precision, four_over_six=fos, dequantized_backward=deq) == stability.NO_SPIKES
+    assert law("nvfp4", four_over_six=True, dequantized_backward=False) == stability.SpikeLaw(0.08, 0.4)
+    assert law("nvfp4", four_over_six=False, dequantized_backward=False) == stability.SpikeLaw(0.08, 0.4)
+    assert law("nvfp4", four_over_six=False, dequantized_backward=True) == stability.SpikeLaw(0.05, 0.3)
+    assert law("nvfp4", four_over_six=True, dequantized_backward=True) == stability.NO_SPIKES
+
+
+def test_reward_step_healthy_and_collapsed():
+    # 0.45 + 0.06 · 0.43 · (1 − (0.022/0.22)²) · (1 − 0.12) = 0.45 + 0.0224730...
+    assert stability.reward_step(0.45, 0.022, 1.0, False) == pytest.approx(0.45 + 0.06 * 0.43 * 0.99 * 0.88)
+    assert stability.reward_step(0.45, 0.5, 10.0, False) == pytest.approx(0.45 + 0.06 * 0.43 * 0.15 * 0.5)
+    assert stability.reward_step(0.5, 0.0, 0.0, True) == pytest.approx(0.39)
+    assert stability.reward_step(0.09, 0.0, 0.0, True) == 0.08
+
+
+def test_will_diverge_above_critical_above_the_unstable_point_or_with_a_high_stable_point():
+    mc = stability.critical_mismatch()
+    assert stability.will_diverge(0.0, mc * 1.01)
+    assert not stability.will_diverge(0.0, 0.02)
+    _, unstable = stability.drift_fixed_points(stability.effective_mismatch(0.02))
+    assert stability.will_diverge(unstable + 0.01, 0.02)
+    # Below critical but the stable fixed point already lies above the 2.2 collapse line.
+    assert stability.will_diverge(0.0, mc * 0.99)
+
+
+def test_drift_headroom_is_critical_minus_observed():
+    assert stability.drift_headroom(0.03) == pytest.approx(stability.critical_mismatch() - 0.03)
+
+
+def test_table_keys_and_a_bad_precision_is_named():
+    assert stability.format_key("nvfp4", True) == "nvfp4_4o6" and stability.format_key("mxfp8", True) == "mxfp8"
+    assert stability.train_key("bf16", True) == "bf16"
+    assert stability.train_key("nvfp4", False) == "nvfp4_high_precision"
+    assert stability.PUBLISHED_TRAIN_SECONDS["mxfp8_dequantized"] == pytest.approx(64.3 * 0.837)
+    with pytest.raises(ValueError, match="precision='fp8'"):
+        stability.precision_floor("fp8")
