@@ -1,7 +1,7 @@
 """Record the train/rollout mismatch table (``nibble mismatch``) as JSON, with the machine.
 
-    .venv/bin/nibble sft --out runs/warm_start     # once
-    .venv/bin/python -m benchmarks.mismatch --checkpoint runs/warm_start
+.venv/bin/nibble sft --out runs/warm_start     # once
+.venv/bin/python -m benchmarks.mismatch --checkpoint runs/warm_start
 """
 
 from __future__ import annotations
