@@ -27,6 +27,8 @@ def quantize(x: torch.Tensor, *, scale_mode: str = "rceil", validate: bool = Tru
             ``bmax / 2^e <= 448``; ``"floor"`` (OCP spec): ``e = floor(log2(bmax)) - 8``. Both are
             clamped to [-127, 127]; an all-zero block gets ``e = -127``.
         validate: check for NaN/±inf (a device-to-host sync).
+    The result carries no autograd history.
+
     Returns:
         :class:`MXFP8Tensor`: elements float8_e4m3fn ``[..., K]`` (saturated at ±448), block scales
         float8_e8m0fnu ``[..., K // 32]``.
@@ -36,7 +38,7 @@ def quantize(x: torch.Tensor, *, scale_mode: str = "rceil", validate: bool = Tru
     """
     check_choice("scale_mode", scale_mode, SCALE_MODES)
     check_input(x, MXFP8_BLOCK, finite=validate)
-    xf = x.to(torch.float32)
+    xf = x.detach().to(torch.float32)
     blocks = xf.reshape(*xf.shape[:-1], xf.shape[-1] // MXFP8_BLOCK, MXFP8_BLOCK)
     bmax = blocks.abs().amax(dim=-1)
     exponent = _block_exponent(bmax, scale_mode)

@@ -53,6 +53,9 @@ def quantize(
         generator: the explicit random source for stochastic rounding, on ``x``'s device.
         validate: check for NaN/±inf (a device-to-host sync). Hot paths inside a model step pass
             ``False``; the trainer checks loss and gradients for non-finite values once per step.
+    The result carries no autograd history (quantisation has no useful derivative; the recipe's
+    straight-through gradients live in :mod:`nibble.recipe`).
+
     Returns:
         :class:`NVFP4Tensor` with codes uint8 ``[..., K//2]``, block scales float8_e4m3fn
         ``[..., K//16]`` and a float32 global decode scale (``[]`` or ``x.shape[:-1]``).
@@ -63,7 +66,7 @@ def quantize(
     """
     _check_options(x, scale, four_over_six, rounding, generator, validate)
     tensor, _ = _reference.quantize(
-        x,
+        x.detach(),
         per_token=scale == "per_token",
         four_over_six=four_over_six,
         generator=generator if rounding == "stochastic" else None,
@@ -82,7 +85,9 @@ def quantize_with_choices(
         ``nibble_four_over_six_fraction``.
     """
     _check_options(x, scale, four_over_six, "nearest", None, validate)
-    return _reference.quantize(x, per_token=scale == "per_token", four_over_six=four_over_six, generator=None)
+    return _reference.quantize(
+        x.detach(), per_token=scale == "per_token", four_over_six=four_over_six, generator=None
+    )
 
 
 def _check_options(
@@ -97,6 +102,8 @@ def _check_options(
     check_choice("four_over_six", four_over_six, FOUR_OVER_SIX_METRICS)
     check_choice("rounding", rounding, ROUNDINGS)
     check_input(x, NVFP4_BLOCK, finite=validate)
+    if rounding == "nearest" and generator is not None:
+        raise ValueError("generator is only used with rounding='stochastic'; drop it or ask for stochastic rounding")
     if rounding == "stochastic":
         if not isinstance(generator, torch.Generator):
             raise ValueError("rounding='stochastic' needs generator=torch.Generator(...) (reproducibility)")

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from .codecs import e2m1_decode, unpack_e2m1
+from .validation import check_output_dtype
 
 NVFP4_BLOCK = 16
 MXFP8_BLOCK = 32
@@ -35,7 +36,12 @@ class NVFP4Tensor:
     shape: torch.Size
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Decode to a dense tensor of ``self.shape`` in ``dtype`` (computed in float32, cast once)."""
+        """Decode to a dense tensor of ``self.shape`` in ``dtype`` (computed in float32, cast once).
+
+        Raises:
+            ValueError: ``dtype`` is not a floating-point ``torch.dtype``.
+        """
+        check_output_dtype(dtype)
         values = e2m1_decode(unpack_e2m1(self.codes))
         k = self.shape[-1]
         blocks = values.reshape(*self.shape[:-1], k // NVFP4_BLOCK, NVFP4_BLOCK)
@@ -74,7 +80,12 @@ class MXFP8Tensor:
         return self.elements.shape
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Decode to a dense tensor of ``self.shape`` in ``dtype`` (float32 arithmetic, one final cast)."""
+        """Decode to a dense tensor of ``self.shape`` in ``dtype`` (float32 arithmetic, one final cast).
+
+        Raises:
+            ValueError: ``dtype`` is not a floating-point ``torch.dtype``.
+        """
+        check_output_dtype(dtype)
         k = self.shape[-1]
         blocks = self.elements.to(torch.float32).reshape(*self.shape[:-1], k // MXFP8_BLOCK, MXFP8_BLOCK)
         scales = self.block_scales.to(torch.float32).unsqueeze(-1)

@@ -37,3 +37,9 @@ def check_input(x: object, block: int, *, finite: bool) -> None:
     if finite and x.numel() and not bool(torch.isfinite(x).all()):
         bad = (~torch.isfinite(x)).nonzero()[0].tolist()
         raise ValueError(f"x holds NaN or ±inf (first at index {bad}); quantisation needs finite inputs")
+
+
+def check_output_dtype(dtype: object) -> None:
+    """Raise ``ValueError`` unless ``dtype`` is a floating-point ``torch.dtype`` to decode into."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point or dtype.itemsize == 1:
+        raise ValueError(f"dtype={dtype!r}: dequantize needs a floating-point torch.dtype such as torch.float32")

@@ -6,6 +6,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -118,3 +119,40 @@ def chromium_dom(page: Path, fragment: str = "", timeout: float = 60) -> str:
         )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout
+
+
+def near_midpoints(rows: int, seed: int) -> torch.Tensor:
+    """Elements a few float32 ulps from E2M1 midpoints of their block, under irregular scales."""
+    gen = torch.Generator().manual_seed(seed)
+    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    idx = torch.randint(len(mids), (rows, 16), generator=gen)
+    ulps = torch.randint(-3, 4, (rows, 16), generator=gen).float()
+    values = mids[idx] * (1 + ulps * 2.0**-23)
+    values[:, 0] = 6.0 * (1 + torch.rand(rows, generator=gen) * 0.2)
+    scale = torch.exp(torch.randn(rows, 1, generator=gen) * 3)
+    return (values * scale).reshape(rows // 4, 64)
+
+
+def four_over_six_near_ties(blocks: int, seed: int) -> torch.Tensor:
+    """Blocks [6, 5.25, v, 0, ...] · scale: 5.25 is equally far from both candidates' grids, so the
+    two errors tie in exact arithmetic and the spec's operation order decides (≈ 1.4% of blocks)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.zeros(blocks, 16)
+    x[:, 0], x[:, 1] = 6.0, 5.25
+    x[:, 2] = torch.tensor([0.0, 1.5, 3.0, 0.75])[torch.randint(4, (blocks,), generator=gen)]
+    return x * torch.exp(torch.randn(blocks, 1, generator=gen) * 2)
+
+
+def map_to_4_scale_order() -> torch.Tensor:
+    """A map-to-4 block whose scale 1.5·(bmax/6)·S lands next to an E4M3 midpoint: evaluating it as
+    1.5·((bmax/6)·S) rounds the other way (found by search under a per-tensor amax of 7.3)."""
+    bmax = 0.0002784729
+    return torch.tensor([[7.3] + [0.0] * 15, [bmax] + [bmax * 5 / 6] * 15])
+
+
+def floor_rows() -> torch.Tensor:
+    """Rows whose amax is 2^-100 (kept), one ulp below it (zeroed) and 2^-95 (kept)."""
+    base = gaussian((3, 32), 9)
+    base = base / base.abs().amax(dim=-1, keepdim=True)
+    below = float(np.nextafter(np.float32(2.0**-100), np.float32(0)))
+    return base * torch.tensor([[2.0**-100], [below], [2.0**-95]])

@@ -2,6 +2,7 @@
 
 from nibble.recipe.linear import QuantizedMatmul, quantized_matmul
 from nibble.recipe.modules import PlannedExperts, PlannedLinear
+from nibble.recipe.optim import param_groups
 from nibble.recipe.plan import PrecisionPlan, bf16_tail_layers
 from nibble.recipe.quant import fake_quantize, quantize_activation, quantize_weight
 
@@ -12,6 +13,7 @@ __all__ = [
     "QuantizedMatmul",
     "bf16_tail_layers",
     "fake_quantize",
+    "param_groups",
     "quantize_activation",
     "quantize_weight",
     "quantized_matmul",

@@ -9,7 +9,15 @@ import pytest
 import torch
 
 from nibble.kernels import mxfp8, nvfp4
-from tests.helpers import gaussian, heavy_tailed, tie_heavy
+from tests.helpers import (
+    floor_rows,
+    four_over_six_near_ties,
+    gaussian,
+    heavy_tailed,
+    map_to_4_scale_order,
+    near_midpoints,
+    tie_heavy,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -28,6 +36,10 @@ def parity_inputs(dtype):
         "ties_256": tie_heavy(64, 512, e=256.0, seed=4),
         "extreme_rows": extreme,
         "zero_rows": zero_rows,
+        "near_midpoints": near_midpoints(256, 5),
+        "four_over_six_near_ties": four_over_six_near_ties(2048, 6),
+        "map_to_4_scale_order": map_to_4_scale_order(),
+        "floor_rows": floor_rows(),
     }
     limit = torch.finfo(dtype).max / 2
     return {name: x.clamp(-limit, limit).to(dtype) for name, x in cases.items()}

@@ -44,13 +44,16 @@ def test_mismatch_orders_formats_and_the_same_forward_is_exact(warm_start):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["sft", "--out", "/tmp/x", "--task", "chess"], "chess"),
-        (["sft", "--out", "/tmp/x", "--task-option", "digits"], "KEY=VALUE"),
-        (["sft", "--out", "/tmp/x", "--target-accuracy", "1.5"], "target_accuracy"),
+        (["sft", "--task", "chess"], "chess"),
+        (["sft", "--task-option", "digits"], "KEY=VALUE"),
+        (["sft", "--task-option", "digits=99"], "digits"),
+        (["sft", "--target-accuracy", "1.5"], "target_accuracy"),
         (["mismatch", "--checkpoint", "/no/such/ckpt"], "no config.json"),
     ],
 )
-def test_bad_arguments_exit_2_with_a_clear_message(args, message):
+def test_bad_arguments_exit_2_with_a_clear_message(args, message, tmp_path):
+    if args[0] == "sft":
+        args = [*args, "--out", str(tmp_path / "new")]
     result = run(*args, timeout=60)
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr

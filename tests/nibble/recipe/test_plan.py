@@ -68,3 +68,24 @@ def test_describe_lists_knobs_and_formats():
     text = PrecisionPlan(num_layers=20).describe(["model.layers.0.mlp.experts.gate_up_proj", "lm_head.weight"])
     assert "bf16 tail layers" in text and "[17, 18, 19]" in text
     assert "model.layers.0.mlp.experts.gate_up_proj  nvfp4" in text
+
+
+def test_quantised_weights_get_no_weight_decay():
+    import torch
+
+    from nibble.recipe import param_groups
+
+    config = tiny(vocab_size=32)
+    plan = PrecisionPlan(num_layers=config.num_hidden_layers)
+    model = MoETransformer(config, plan)
+    groups = param_groups(model, plan, weight_decay=0.1)
+    by_decay = {g["weight_decay"]: set(g["names"]) for g in groups}
+    assert "model.layers.0.mlp.experts.gate_up_proj" in by_decay[0.0]
+    assert "model.layers.3.mlp.experts.gate_up_proj" in by_decay[0.1]  # the BF16 tail layer decays
+    assert "model.layers.0.self_attn.q_proj.weight" in by_decay[0.1]
+    assert "model.norm.weight" in by_decay[0.0]
+    total = sum(len(g["params"]) for g in groups)
+    assert total == len(list(model.parameters()))
+    torch.optim.AdamW(groups, lr=1e-3)  # AdamW accepts the groups as they are
+    with pytest.raises(ValueError, match="weight_decay"):
+        param_groups(model, plan, weight_decay=-1.0)
