@@ -6,17 +6,18 @@ denominators), so large tensors weigh by their size as they do in a model.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
 from nibble.kernels import mxfp8, nvfp4
-from nibble.weights import read_safetensors
+from nibble.weights import read_safetensors, safetensors_files
 
 # Every format of the report needs K % 32 == 0 (MXFP8's block); smaller-block formats then fit too.
 REPORT_BLOCK = mxfp8.MXFP8_BLOCK
+MAX_SYNTHETIC_ELEMENTS = 2**28
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class FormatError:
     rel_mse: float
     elements: int
     map_to_4_fraction: float | None  # fraction of NVFP4 blocks that chose map-to-4 (4/6 formats only)
+    skipped_tensors: int = 0  # tensors of the source that no format could quantise (1-D, K % 32 != 0, …)
 
 
 def _nvfp4(scale: str, four_over_six: str | None) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
@@ -66,24 +68,46 @@ def student_t(rows: int, cols: int, seed: int, dof: int = 3) -> Iterator[tuple[s
     yield f"student_t{dof}", normal / torch.sqrt(chi2 / dof)
 
 
-def weight_matrices(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Floating-point tensors of a safetensors file or directory with ≥ 2 dims and ``K % 32 == 0``.
+class WeightSource:
+    """The floating-point matrices of a safetensors file or directory that every format can quantise.
+
+    A tensor qualifies with ≥ 2 dims, at least one element and ``K % 32 == 0``; the others are counted
+    in ``skipped``. Opening checks the path at once, so a bad path fails before any work.
 
     Raises:
-        ValueError: (from :func:`nibble.weights.read_safetensors`) for a missing path, a directory
-            without safetensors files or an unreadable file; and when no tensor qualifies.
+        ValueError: (from :func:`nibble.weights.safetensors_files`) for a missing path or a directory
+            without safetensors files.
     """
-    found = False
-    for name, tensor in read_safetensors(path):
-        if tensor.dim() >= 2 and tensor.is_floating_point() and tensor.shape[-1] % REPORT_BLOCK == 0:
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.files = safetensors_files(self.path)
+        self.skipped = 0
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        found = False
+        for name, tensor in read_safetensors(self.path):
+            qualifies = tensor.dim() >= 2 and tensor.numel() and tensor.shape[-1] % REPORT_BLOCK == 0
+            if not (qualifies and tensor.is_floating_point()):
+                self.skipped += 1
+                continue
             found = True
-            yield name, tensor.to(torch.float32)
-    if not found:
-        raise ValueError(f"--weights {path}: no floating-point matrix with last dim a multiple of {REPORT_BLOCK}")
+            x = tensor.to(torch.float32)
+            if not bool(torch.isfinite(x).all()):
+                raise ValueError(f"--weights {self.path}: tensor {name} holds NaN or ±inf (as float32)")
+            yield name, x
+        if not found:
+            raise ValueError(
+                f"--weights {self.path}: no floating-point matrix with last dim a multiple of {REPORT_BLOCK}"
+            )
 
 
-def measure(source: str, tensors: Iterator[tuple[str, torch.Tensor]]) -> list[FormatError]:
-    """Pooled relative MSE of every format in :data:`FORMATS` over ``tensors``."""
+def measure(source: str, tensors: Iterable[tuple[str, torch.Tensor]], skipped: int = 0) -> list[FormatError]:
+    """Pooled relative MSE of every format in :data:`FORMATS` over ``tensors``.
+
+    Raises:
+        ValueError: when every tensor is zero (relative error undefined).
+    """
     err = dict.fromkeys(FORMATS, 0.0)
     map4 = dict.fromkeys(FORMATS, 0)
     blocks = 0
@@ -98,13 +122,16 @@ def measure(source: str, tensors: Iterator[tuple[str, torch.Tensor]]) -> list[Fo
             err[name] += float((x_hat.double() - x.double()).pow(2).sum())
             if map_to_4 is not None:
                 map4[name] += int(map_to_4.sum())
+    if norm == 0:
+        raise ValueError(f"{source}: every tensor is zero; relative error is undefined")
     return [
         FormatError(
             source=source,
             format=name,
-            rel_mse=err[name] / norm if norm else 0.0,
+            rel_mse=err[name] / norm,
             elements=elements,
-            map_to_4_fraction=map4[name] / blocks if "4o6" in name and blocks else None,
+            map_to_4_fraction=map4[name] / blocks if "4o6" in name else None,
+            skipped_tensors=skipped,
         )
         for name in FORMATS
     ]
@@ -113,11 +140,23 @@ def measure(source: str, tensors: Iterator[tuple[str, torch.Tensor]]) -> list[Fo
 def report(
     rows: int, cols: int, seed: int, weights: Path | None, weights_label: str | None = None
 ) -> list[FormatError]:
-    """All cells: Gaussian and Student-t ``[rows, cols]``, plus the weights at ``weights`` if given."""
+    """All cells: Gaussian and Student-t ``[rows, cols]``, plus the weights at ``weights`` if given.
+
+    Raises:
+        ValueError: ``rows * cols`` above :data:`MAX_SYNTHETIC_ELEMENTS`, or bad weights (see
+            :class:`WeightSource`).
+    """
+    if rows * cols > MAX_SYNTHETIC_ELEMENTS:
+        raise ValueError(
+            f"--rows {rows} x --cols {cols} = {rows * cols} elements; at most {MAX_SYNTHETIC_ELEMENTS} (1 GiB float32)"
+        )
+    source = WeightSource(weights) if weights is not None else None
     results = measure("gaussian", gaussian(rows, cols, seed))
     results += measure("student_t3", student_t(rows, cols, seed))
-    if weights is not None:
-        results += measure(weights_label or f"weights:{weights.name}", weight_matrices(weights))
+    if source is not None:
+        label = weights_label or f"weights:{source.path.name}"
+        cells = measure(label, source)
+        results += [replace(c, skipped_tensors=source.skipped) for c in cells]
     return results
 
 

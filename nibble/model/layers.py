@@ -8,6 +8,7 @@ from torch import nn
 
 from nibble.model.config import ModelConfig
 from nibble.model.kv_cache import KVCache
+from nibble.recipe.compute import attention, linear
 from nibble.recipe.modules import PlannedExperts, PlannedLinear, bf16_operand
 from nibble.recipe.plan import PrecisionPlan
 
@@ -75,7 +76,7 @@ class Attention(nn.Module):
             k, v = cache.update(layer, k, v)
         groups = self.config.num_attention_heads // self.config.num_key_value_heads
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out = attention(q, k, v, mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -106,7 +107,7 @@ class Router(nn.Module):
         self.top_k, self.norm_topk_prob, self.plan = config.num_experts_per_tok, config.norm_topk_prob, plan
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = F.linear(x, bf16_operand(self.weight, self.plan))
+        logits = linear(x, bf16_operand(self.weight, self.plan))
         probs = torch.softmax(logits.to(torch.float32), dim=-1)
         top_w, top_i = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from nibble.kernels import MXFP8Tensor, NVFP4Tensor
+from nibble.recipe.compute import linear
 from nibble.recipe.plan import PrecisionPlan
 from nibble.recipe.quant import QuantizedWeight, fake_quantize, quantize_activation
 
@@ -51,7 +52,7 @@ class QuantizedMatmul(torch.autograd.Function):
         cd = plan.torch_compute_dtype
         qx = quantize_activation(x, fmt, plan)
         w_hat = qweight.dequantize(cd)
-        y = qx.dequantize(cd) @ w_hat.T
+        y = linear(qx.dequantize(cd), w_hat)
         ctx.fmt, ctx.plan, ctx.x_dtype = fmt, plan, x.dtype
         if plan.backward == "dequantized":
             ctx.like = (qx, qweight)
@@ -78,8 +79,8 @@ class QuantizedMatmul(torch.autograd.Function):
                 w_op = fake_quantize(w_op.T, ctx.fmt, plan).T
                 dy_wgrad = fake_quantize(dy.T, ctx.fmt, plan).T
                 x_op = fake_quantize(x_op.T, ctx.fmt, plan).T
-        grad_x = (dy_dgrad @ w_op).to(ctx.x_dtype) if ctx.needs_input_grad[0] else None
-        grad_w = (dy_wgrad.T @ x_op).to(torch.float32) if ctx.needs_input_grad[1] else None
+        grad_x = linear(dy_dgrad, w_op.T).to(ctx.x_dtype) if ctx.needs_input_grad[0] else None
+        grad_w = linear(dy_wgrad.T, x_op.T).to(torch.float32) if ctx.needs_input_grad[1] else None
         return grad_x, grad_w, None, None, None
 
 
@@ -93,5 +94,5 @@ def quantized_matmul(
     """
     if weight is None or not torch.is_grad_enabled():
         cd = plan.torch_compute_dtype
-        return quantize_activation(x, fmt, plan).dequantize(cd) @ qweight.dequantize(cd).T
+        return linear(quantize_activation(x, fmt, plan).dequantize(cd), qweight.dequantize(cd))
     return QuantizedMatmul.apply(x, weight, qweight, fmt, plan)

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nibble.recipe.compute import linear
 from nibble.recipe.linear import quantized_matmul, select
 from nibble.recipe.plan import PrecisionPlan
 from nibble.recipe.quant import QuantizedWeight, quantize_weight
@@ -41,7 +42,7 @@ class PlannedLinear(nn.Module):
         cd = self.plan.torch_compute_dtype
         bias = None if self.bias is None else bf16_operand(self.bias, self.plan)
         if self.fmt == "bf16":
-            return F.linear(x.to(cd), bf16_operand(self.weight, self.plan), bias)
+            return linear(x.to(cd), bf16_operand(self.weight, self.plan), bias)
         weight = None if self.packed is not None else self.weight
         qweight = self.packed if self.packed is not None else quantize_weight(self.weight, self.fmt, self.plan)
         y = quantized_matmul(x.reshape(-1, x.shape[-1]).to(cd), weight, qweight, self.fmt, self.plan)
@@ -106,7 +107,7 @@ class PlannedExperts(nn.Module):
     def _matmul(self, x: torch.Tensor, operand, expert: int) -> torch.Tensor:
         weight, qweight = operand
         if qweight is None:
-            return x @ weight[expert].T
+            return linear(x, weight[expert])
         w = None if weight is None else weight[expert]
         return quantized_matmul(x, w, select(qweight, expert), self.fmt, self.plan)
 

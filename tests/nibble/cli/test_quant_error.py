@@ -63,3 +63,25 @@ def test_a_directory_without_matrices_is_rejected(tmp_path):
     save_file({"norm.weight": torch.ones(48)}, str(tmp_path / "model.safetensors"))
     result = run("--weights", str(tmp_path))
     assert result.returncode == 2 and "no floating-point matrix" in result.stderr
+
+
+def test_bad_weights_are_reported_by_tensor_name_and_skips_are_counted(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    good = torch.randn(8, 64)
+    bad = torch.randn(8, 64)
+    bad[1, 3] = float("nan")
+    save_file({"norm.weight": torch.ones(64), "good.weight": good}, str(tmp_path / "a.safetensors"))
+    result = run("--rows", "16", "--cols", "64", "--weights", str(tmp_path / "a.safetensors"), "--json")
+    assert result.returncode == 0, result.stderr
+    cells = [c for c in json.loads(result.stdout) if c["source"] == "weights:a.safetensors"]
+    assert cells and all(c["skipped_tensors"] == 1 for c in cells)
+    save_file({"bad.weight": bad}, str(tmp_path / "b.safetensors"))
+    result = run("--rows", "16", "--cols", "64", "--weights", str(tmp_path / "b.safetensors"))
+    assert result.returncode == 2 and "tensor bad.weight holds NaN" in result.stderr
+
+
+def test_absurd_sizes_are_refused_before_allocating():
+    result = run("--rows", "100000000000", "--cols", "4096")
+    assert result.returncode == 2 and "at most" in result.stderr and "Traceback" not in result.stderr

@@ -57,10 +57,9 @@ def test_quantized_plan_logprobs_match_for_almost_every_token(four_over_six):
         flips += int(((sampled - scored).abs() > 1e-5).sum())
         total += sampled.numel()
     print(f"nvfp4 4/6={four_over_six}: {flips}/{total} tokens differ between decode and teacher forcing")
-    # The issue asks >= 99.9%; on the CPU we measure about 99.7% without 4/6 (float32 BLAS accumulates
-    # the high-precision layers in a shape-dependent order, so prefill and decode can straddle a
-    # rounding boundary of a later activation code). Held at 1% here and reported in the issue note.
-    assert flips / total <= 1e-2
+    # The issue's bar: >= 99.9% of tokens agree. Float32 compute accumulates in float64
+    # (nibble.recipe.compute), so prefill and decode see the same activation codes; measured: 0 flips.
+    assert flips / total <= 1e-3
 
 
 def test_packed_sampler_model_computes_the_trainers_bits():
