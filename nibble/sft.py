@@ -38,8 +38,8 @@ def train_sft(
     steps: int = 1000,
     batch_size: int = 64,
     learning_rate: float = 3e-3,
-    target_accuracy: float | None = 0.4,
-    eval_every: int = 25,
+    target_accuracy: float | None = 0.3,
+    eval_every: int = 10,
     seed: int = 0,
     progress: Callable[[int, float, float | None], None] | None = None,
 ) -> tuple[MoETransformer, SFTResult]:

@@ -36,8 +36,8 @@ def sft(
     steps: Annotated[int, typer.Option(help="optimiser step budget")] = 1000,
     batch_size: Annotated[int, typer.Option(help="sequences per step")] = 64,
     learning_rate: Annotated[float, typer.Option(help="AdamW learning rate")] = 3e-3,
-    target_accuracy: Annotated[float, typer.Option(help="stop at the first evaluation reaching this")] = 0.4,
-    eval_every: Annotated[int, typer.Option(help="steps between held-out evaluations")] = 25,
+    target_accuracy: Annotated[float, typer.Option(help="stop at the first evaluation reaching this")] = 0.3,
+    eval_every: Annotated[int, typer.Option(help="steps between held-out evaluations")] = 10,
     seed: Annotated[int, typer.Option(help="seed of model init and data order")] = 0,
 ) -> None:
     """Train the tiny MoE with teacher forcing on a task's answers until held-out accuracy reaches a target."""
