@@ -85,9 +85,7 @@ def quantize_with_choices(
         ``nibble_four_over_six_fraction``.
     """
     _check_options(x, scale, four_over_six, "nearest", None, validate)
-    return _reference.quantize(
-        x.detach(), per_token=scale == "per_token", four_over_six=four_over_six, generator=None
-    )
+    return _reference.quantize(x.detach(), per_token=scale == "per_token", four_over_six=four_over_six, generator=None)
 
 
 def _check_options(
