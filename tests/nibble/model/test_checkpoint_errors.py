@@ -70,3 +70,16 @@ def test_bad_config_names_the_field(checkpoint, edit, match):
 def test_plan_for_another_depth_is_refused(checkpoint):
     with pytest.raises(ValueError, match="plan is for 6 layers, model has 4"):
         from_pretrained(checkpoint, plan=PrecisionPlan(num_layers=6))
+
+
+def test_qwen3_30b_a3b_shaped_config_has_the_real_layer_dimensions():
+    from nibble.model import qwen3_30b_a3b_shaped
+
+    config = qwen3_30b_a3b_shaped(num_layers=2)
+    with torch.device("meta"):
+        model = MoETransformer(config, PrecisionPlan(num_layers=2))
+    experts = model.model.layers[0].mlp.experts
+    assert tuple(experts.gate_up_proj.shape) == (128, 2 * 768, 2048)
+    assert tuple(experts.down_proj.shape) == (128, 2048, 768)
+    assert config.num_experts_per_tok == 8 and config.head_dim == 128
+    assert model.num_parameters() > 1_000_000_000  # 2 layers of 30B-A3B's experts plus embeddings
