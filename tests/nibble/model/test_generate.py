@@ -95,3 +95,25 @@ def test_greedy_generation_is_deterministic_and_top_p_restricts_the_nucleus():
     top = int(first.argmax())
     tiny_p = generate(model, [PROMPTS[0]] * 6, max_new_tokens=1, top_p=1e-6, generator=torch.Generator().manual_seed(0))
     assert all(t[0] == top for t in tiny_p.tokens)
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_packed_sampler_reproduces_trainer_logprobs():
+    model = model_with({"format": "nvfp4", "four_over_six": "mse", "bf16_last_fraction": 0.0}).cuda()
+    sampler = copy.deepcopy(model).pack()
+    out = generate(
+        sampler,
+        PROMPTS,
+        max_new_tokens=16,
+        temperature=0.9,
+        stop_tokens=[2],
+        generator=torch.Generator("cuda").manual_seed(0),
+    )
+    with torch.no_grad():
+        scores = score(model, PROMPTS, out.tokens, temperature=0.9)
+        cpu_scores = score(copy.deepcopy(model).cpu(), PROMPTS, out.tokens, temperature=0.9)
+    sampled = torch.cat([torch.tensor(lp) for lp in out.logprobs])
+    flips = int(((sampled - scores.logprobs[scores.mask].cpu()).abs() > 1e-5).sum())
+    print(f"cuda: {flips}/{sampled.numel()} sampled tokens differ from the trainer's logprob")
+    assert flips / sampled.numel() <= 1e-3
+    torch.testing.assert_close(scores.logprobs.cpu(), cpu_scores.logprobs, atol=1e-4, rtol=0)
