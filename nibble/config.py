@@ -1,0 +1,218 @@
+"""Run configuration: one pydantic model per service plus the run's composite, from YAML + environment.
+
+Every model forbids unknown keys, so a misspelt or renamed key fails loudly, naming it. Environment
+variables override YAML values: ``NIBBLE_TRAINER__LEARNING_RATE=1e-4`` sets ``trainer.learning_rate``
+(sections and fields joined by ``__``, values parsed as YAML scalars). Secrets (tokens, passwords) are
+never values here, only the files or environment variables they are read from.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+ENV_PREFIX = "NIBBLE_"
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PlanConfig(Section):
+    """The precision plan's knobs (DESIGN.md §3); ``nibble.recipe.PrecisionPlan`` adds the layer count."""
+
+    format: Literal["bf16", "mxfp8", "nvfp4"] = "nvfp4"
+    four_over_six: Literal["mse", "mae"] | None = "mse"
+    activation_scale: Literal["per_token", "per_tensor"] = "per_token"
+    bf16_last_fraction: float = Field(0.15, ge=0.0, le=1.0)
+    bf16_shared_experts: bool = True
+    quantize: Literal["experts", "all_linear"] = "experts"
+    backward: Literal["high_precision", "dequantized", "quantized"] = "dequantized"
+    compute_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="auto: bfloat16 on CUDA, float32 on CPU (both sides must resolve the same way)"
+    )
+
+
+class TaskConfig(Section):
+    """Which task prompts and rewards come from (``nibble.tasks.get_task(name, **options)``)."""
+
+    name: str = "addition"
+    options: dict[str, Any] = Field(default_factory=lambda: {"digits": 3})
+
+
+class ModelSection(Section):
+    """The policy: a warm-start checkpoint (HF format), trained by ``nibble sft`` when missing."""
+
+    checkpoint: Path = Path("runs/warm_start")
+    sft_steps: int = Field(1000, ge=1, description="SFT step budget when the checkpoint must be made")
+    sft_target_accuracy: float = Field(0.3, gt=0.0, le=1.0)
+
+
+class RedisConfig(Section):
+    """The trajectory stream (DESIGN.md §5)."""
+
+    url: str = "redis://127.0.0.1:6379/0"
+    password_file: Path | None = Field(None, description="file holding the Redis password (or NIBBLE_REDIS_PASSWORD)")
+    tls: bool = False
+    stream: str = "nibble:trajectories"
+    dead_letter_stream: str = "nibble:trajectories:dead"
+    consumer_group: str = "trainer"
+    claim_idle_seconds: float = Field(
+        30.0, gt=0, description="pending entries of a silent consumer are claimed after this"
+    )
+    queue_capacity: int = Field(64, ge=1, description="undelivered groups above which samplers pause (never trimmed)")
+    key_prefix: str = "nibble:"
+
+
+class WeightSyncConfig(Section):
+    """The weight-sync service: versioned store, quantise-once, fan-out (DESIGN.md §5)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(50051, ge=0, le=65535, description="WeightSync (samplers); 0 = any free port")
+    publish_port: int = Field(50052, ge=0, le=65535, description="WeightPublisher (trainer only)")
+    store_dir: Path = Path("runs/weights")
+    keep_versions: int = Field(3, ge=1)
+    chunk_bytes: int = Field(4 * 1024 * 1024, ge=1024, le=4 * 1024 * 1024, description="≤ gRPC's 4 MiB default")
+    publish_token_file: Path | None = Field(None, description="bearer token file (or NIBBLE_PUBLISH_TOKEN)")
+    fetch_token_file: Path | None = Field(None, description="bearer token file (or NIBBLE_FETCH_TOKEN)")
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_ca_file: Path | None = Field(None, description="clients: CA that signed the server certificate")
+    rpc_timeout_seconds: float = Field(60.0, gt=0, description="deadline of unary RPCs and of each chunk")
+    metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus /metrics; 0 = any free port")
+
+    @model_validator(mode="after")
+    def _ports_differ(self) -> WeightSyncConfig:
+        if self.port and self.port == self.publish_port:
+            raise ValueError(f"weightsync.port and weightsync.publish_port are both {self.port}; they must differ")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("weightsync.tls_cert_file and weightsync.tls_key_file go together")
+        return self
+
+
+class SamplerConfig(Section):
+    """A sampler: generation engine, rewards, admission control (DESIGN.md §5)."""
+
+    group_size: int = Field(8, ge=2, description="responses per prompt (G)")
+    groups_per_batch: int = Field(4, ge=1, description="groups generated together between weight swaps")
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int | None = Field(None, ge=1, description="default: the task's max_response_tokens")
+    reward_timeout_seconds: float = Field(5.0, gt=0)
+    threads: int = Field(1, ge=1, description="torch threads per sampler process")
+    metrics_port: int = Field(0, ge=0, le=65535)
+
+
+class TrainerConfig(Section):
+    """The trainer: batches, objective (DESIGN.md §4), optimiser, publishing, checkpoints."""
+
+    total_steps: int = Field(100, ge=1)
+    groups_per_step: int = Field(8, ge=1, description="whole GRPO groups per consumed batch")
+    updates_per_batch: int = Field(1, ge=1)
+    learning_rate: float = Field(1e-4, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    clip_low: float = Field(0.2, ge=0, lt=1)
+    clip_high: float = Field(0.28, ge=0)
+    correction: Literal["tis", "mis", "rs", "none"] = "tis"
+    correction_level: Literal["token", "sequence", "geometric"] = "token"
+    cap: float = Field(2.0, gt=1)
+    kl_coef: float = Field(0.0, ge=0)
+    max_staleness: int = Field(2, ge=0)
+    drop_zero_std_groups: bool = False
+    publish_every: int = Field(1, ge=1)
+    eval_every: int = Field(10, ge=1)
+    checkpoint_every: int = Field(1, ge=1, description="entries are acknowledged only once checkpointed")
+    checkpoint_dir: Path = Path("runs/trainer")
+    ledger_size: int = Field(1_000_000, ge=1, description="trained trajectory_ids remembered in the checkpoint")
+    threads: int = Field(1, ge=1)
+    metrics_port: int = Field(0, ge=0, le=65535)
+
+
+class RunConfig(Section):
+    """A whole run: what ``nibble run`` launches and every service reads its section of."""
+
+    seed: int = 0
+    num_samplers: int = Field(2, ge=1)
+    model: ModelSection = ModelSection()
+    task: TaskConfig = TaskConfig()
+    plan: PlanConfig = PlanConfig()
+    redis: RedisConfig = RedisConfig()
+    weightsync: WeightSyncConfig = WeightSyncConfig()
+    sampler: SamplerConfig = SamplerConfig()
+    trainer: TrainerConfig = TrainerConfig()
+
+    @model_validator(mode="after")
+    def _can_make_progress(self) -> RunConfig:
+        t, r = self.trainer, self.redis
+        if r.queue_capacity < t.groups_per_step:
+            raise ValueError(
+                f"redis.queue_capacity={r.queue_capacity} < trainer.groups_per_step={t.groups_per_step}: "
+                "samplers would pause before the trainer has a full batch"
+            )
+        allowed = (t.max_staleness + 1) * t.groups_per_step * t.publish_every
+        if self.sampler.groups_per_batch > allowed:
+            raise ValueError(
+                f"sampler.groups_per_batch={self.sampler.groups_per_batch} exceeds what admission control allows "
+                f"per version ((max_staleness + 1) x groups_per_step x publish_every = {allowed})"
+            )
+        if t.groups_per_step % t.updates_per_batch:
+            raise ValueError(
+                f"trainer.groups_per_step={t.groups_per_step} is not divisible by "
+                f"trainer.updates_per_batch={t.updates_per_batch} (each update takes whole groups)"
+            )
+        return self
+
+
+def load(path: Path | None, environ: dict[str, str] | None = None) -> RunConfig:
+    """Read ``path`` (YAML; ``None`` = all defaults), apply ``NIBBLE_*`` overrides, validate.
+
+    Raises:
+        ValueError: naming the file and the key, for an unreadable/invalid YAML file, an unknown key,
+            a wrong type or value, or settings that cannot make progress.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"{path}: config file not found")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{path}: not valid YAML ({exc})") from exc
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: the top level must be a mapping of sections")
+    _apply_environment(data, os.environ if environ is None else environ)
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ValueError(f"{path or 'config'}: {_describe(exc)}") from None
+
+
+def _apply_environment(data: dict[str, Any], environ: dict[str, str]) -> None:
+    """Merge ``NIBBLE_SECTION__FIELD`` variables into ``data``; other ``NIBBLE_*`` names (secrets such as
+    ``NIBBLE_PUBLISH_TOKEN``) are not config keys and are left alone."""
+    for key, raw in sorted(environ.items()):
+        if not key.startswith(ENV_PREFIX):
+            continue
+        parts = key[len(ENV_PREFIX) :].lower().split("__")
+        if parts[0] not in RunConfig.model_fields:
+            continue
+        target = data
+        for part in parts[:-1]:
+            target = target.setdefault(part, {})
+            if not isinstance(target, dict):
+                raise ValueError(f"{key}: {part} is not a section")
+        target[parts[-1]] = yaml.safe_load(raw) if raw else raw
+
+
+def _describe(exc: ValidationError) -> str:
+    lines = []
+    for error in exc.errors():
+        where = ".".join(str(p) for p in error["loc"]) or "config"
+        lines.append(f"{where}: {error['msg']}")
+    return "; ".join(lines)
