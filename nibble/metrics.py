@@ -1,0 +1,118 @@
+"""Prometheus metrics of DESIGN.md §6: one definition of every name, label and bucket.
+
+Each service builds a :class:`Metrics` on its own ``CollectorRegistry`` (so tests can run several in
+one process) with its ``role``; every series a role reports is created at start-up with zero values,
+so dashboards and alerts see it before the first event.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+ROLES = ("sampler", "trainer", "weightsync")
+STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16)
+IS_WEIGHT_BUCKETS = (0.125, 0.177, 0.25, 0.354, 0.5, 0.707, 1.0, 1.414, 2.0, 2.83, 4.0, 5.66, 8.0)
+RESPONSE_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+SYNC_SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+# Reasons pre-created so their series exist from the start (more appear as they happen).
+DEAD_LETTER_REASONS = ("undecodable", "invalid")
+REJECT_REASONS = ("bad_chunk", "bad_manifest", "unauthenticated", "stale_version", "bad_token", "bad_response")
+
+
+class Metrics:
+    """All metric families, registered on ``registry`` and initialised for ``role``.
+
+    Gauges without a ``role`` label are owned by the trainer (it alone sees batches) but exist in
+    every registry so a scrape of any role lists them with zero values.
+    """
+
+    def __init__(self, role: str, registry: CollectorRegistry | None = None):
+        if role not in ROLES:
+            raise ValueError(f"role={role!r} is not one of {ROLES}")
+        self.role = role
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.policy_version = Gauge("nibble_policy_version", "weight version held", ["role"], registry=r)
+        self.staleness = Histogram(
+            "nibble_staleness_steps",
+            "trainer version - trajectory version, per trajectory consumed",
+            buckets=STALENESS_BUCKETS,
+            registry=r,
+        )
+        self.stale_dropped = Counter(
+            "nibble_stale_dropped_total", "trajectories dropped for exceeding max_staleness", registry=r
+        )
+        self.mismatch_kl = Gauge("nibble_mismatch_kl", "k3 KL(sampler || trainer) per token, last batch", registry=r)
+        self.logprob_abs_diff = Gauge("nibble_logprob_abs_diff", "mean |pi_old - mu| over valid tokens", registry=r)
+        self.fresh_mismatch_kl = Gauge("nibble_fresh_mismatch_kl", "mismatch_kl over staleness-0 tokens", registry=r)
+        self.fresh_logprob_abs_diff = Gauge(
+            "nibble_fresh_logprob_abs_diff", "logprob_abs_diff over staleness-0 tokens", registry=r
+        )
+        self.is_weight = Histogram(
+            "nibble_is_weight", "correction ratio exp(pi_old - mu)", buckets=IS_WEIGHT_BUCKETS, registry=r
+        )
+        self.is_clipped_fraction = Gauge(
+            "nibble_is_clipped_fraction", "fraction of tokens truncated or masked by the correction", registry=r
+        )
+        self.grad_norm = Gauge("nibble_grad_norm", "global gradient norm before clipping", registry=r)
+        self.skipped_steps = Counter(
+            "nibble_skipped_steps_total", "optimiser steps skipped for a non-finite loss or gradient", registry=r
+        )
+        self.entropy = Gauge("nibble_entropy", "mean per-token entropy of the trainer policy, last batch", registry=r)
+        self.reward_mean = Gauge("nibble_reward_mean", "mean reward of the last batch", registry=r)
+        self.eval_accuracy = Gauge("nibble_eval_accuracy", "held-out accuracy at the last evaluation", registry=r)
+        self.response_tokens = Histogram(
+            "nibble_response_tokens", "response length per trajectory", buckets=RESPONSE_TOKEN_BUCKETS, registry=r
+        )
+        self.truncated_fraction = Gauge(
+            "nibble_truncated_fraction", "fraction of responses that hit the length limit", registry=r
+        )
+        self.zero_std_group_fraction = Gauge(
+            "nibble_zero_std_group_fraction", "fraction of groups whose rewards were all equal", registry=r
+        )
+        self.queue_depth = Gauge(
+            "nibble_queue_depth", "groups waiting in the stream (undelivered + pending)", registry=r
+        )
+        self.trainer_idle_seconds = Counter(
+            "nibble_trainer_idle_seconds_total", "time the trainer waited for data", registry=r
+        )
+        self.sampler_demand = Gauge("nibble_sampler_demand", "samplers the trainer could use now", registry=r)
+        self.dead_lettered = Counter(
+            "nibble_dead_lettered_total", "stream entries moved to the dead-letter stream", ["reason"], registry=r
+        )
+        self.rejected = Counter("nibble_rejected_total", "inputs rejected at a boundary", ["reason"], registry=r)
+        self.tokens = Counter(
+            "nibble_tokens_total", "tokens generated (sampler) / trained (trainer)", ["role"], registry=r
+        )
+        self.weight_sync_seconds = Histogram(
+            "nibble_weight_sync_seconds",
+            "publish-to-applied latency per sampler",
+            buckets=SYNC_SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.weight_bytes = Counter("nibble_weight_bytes_total", "bytes moved for weights", ["role"], registry=r)
+        self.quant_rel_error = Gauge(
+            "nibble_quant_rel_error", "relative MSE of NVFP4 weights vs their bf16 cast", ["layer"], registry=r
+        )
+        self.four_over_six_fraction = Gauge(
+            "nibble_four_over_six_fraction", "fraction of blocks that chose map-to-4", registry=r
+        )
+        self.drift_headroom = Gauge(
+            "nibble_drift_headroom", "critical mismatch minus the observed mismatch (DESIGN.md section 7)", registry=r
+        )
+        self._initialise()
+
+    def _initialise(self) -> None:
+        for family in (self.policy_version, self.tokens, self.weight_bytes):
+            family.labels(role=self.role)
+        for reason in DEAD_LETTER_REASONS:
+            self.dead_lettered.labels(reason=reason)
+        for reason in REJECT_REASONS:
+            self.rejected.labels(reason=reason)
+        self.quant_rel_error.labels(layer="all")
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> int:
+        """Expose ``/metrics`` over HTTP on ``port`` (0 = any free port); return the bound port."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return server.server_port
