@@ -61,6 +61,15 @@ class PrecisionPlan(BaseModel):
             object.__setattr__(self, "four_over_six", None)  # 4/6 is an NVFP4 notion; other formats ignore it
         return self
 
+    @classmethod
+    def from_config(cls, config, num_layers: int, device: torch.device | str = "cpu") -> PrecisionPlan:
+        """Build from a ``nibble.config.PlanConfig``; ``compute_dtype: auto`` resolves to bfloat16 on
+        CUDA and float32 elsewhere (trainer and sampler on the same kind of device resolve alike)."""
+        values = config.model_dump()
+        if values["compute_dtype"] == "auto":
+            values["compute_dtype"] = "bfloat16" if torch.device(device).type == "cuda" else "float32"
+        return cls(num_layers=num_layers, **values)
+
     @property
     def torch_compute_dtype(self) -> torch.dtype:
         return torch.bfloat16 if self.compute_dtype == "bfloat16" else torch.float32

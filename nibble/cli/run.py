@@ -1,0 +1,79 @@
+"""``nibble run``: the whole system on one machine — Redis, weight-sync, trainer and samplers."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from nibble.cli.app import app, user_errors
+
+
+@app.command("run")
+@user_errors
+def run(
+    config: Annotated[
+        Path | None, typer.Option(help="run configuration (YAML); default: configs/default.yaml's values")
+    ] = None,
+    out: Annotated[Path, typer.Option(help="run directory: logs, checkpoints, metrics, summary, plots")] = Path(
+        "runs/default"
+    ),
+    redis_url: Annotated[str | None, typer.Option(help="use this Redis instead of starting a private one")] = None,
+) -> None:
+    """Train with NVFP4 rollouts: samplers and the trainer run concurrently as separate processes."""
+    from nibble.config import load
+
+    loaded = load(config)
+    from rich.console import Console
+
+    from nibble.launcher import launch
+    from nibble.run_report import plot, read_lines, summarize
+
+    console = Console()
+    _ensure_warm_start(loaded, console)
+    shown = {"step": -1}
+    total = loaded.trainer.total_steps
+
+    def progress(run_dir: Path) -> None:
+        for line in read_lines(run_dir):
+            if line["step"] <= shown["step"]:
+                continue
+            shown["step"] = line["step"]
+            if line["step"] == 0:
+                console.print(f"warm start: held-out accuracy {line['eval_accuracy']:.3f}")
+                continue
+            acc = line.get("eval_accuracy")
+            console.print(
+                f"step {line['step']:4d}/{total}  reward {line['reward_mean']:.3f}  "
+                f"eval {'-' if acc is None else f'{acc:.3f}'}  |Δlogprob| {line['logprob_abs_diff']:.4f}  "
+                f"staleness {line['staleness_mean']:.2f}  version {line['policy_version']}"
+            )
+
+    started = time.time()
+    effective = launch(loaded, out, redis_url=redis_url, on_progress=progress)
+    summary = summarize(out, effective, time.time() - started)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot(out)
+    keys = ("steps", "eval_accuracy_before", "eval_accuracy_after", "final_reward", "wall_seconds", "mean_staleness")
+    console.print({k: summary[k] for k in keys})
+    console.print(f"summary, metrics.jsonl and plots in {out}")
+
+
+def _ensure_warm_start(config, console) -> None:
+    """Train the SFT warm start when the config's checkpoint does not exist yet."""
+    checkpoint = config.model.checkpoint
+    if (checkpoint / "config.json").is_file():
+        return
+    from nibble.sft import save_warm_start, train_sft
+    from nibble.tasks import get_task
+
+    console.print(f"no warm start at {checkpoint}: training one (nibble sft)")
+    with get_task(config.task.name, **config.task.options) as task:
+        model, result = train_sft(
+            task, steps=config.model.sft_steps, target_accuracy=config.model.sft_target_accuracy, seed=config.seed
+        )
+        save_warm_start(model, result, {"name": config.task.name, "options": config.task.options}, checkpoint)
+    console.print(f"warm start: {result.steps} steps, held-out accuracy {result.eval_accuracy:.3f}")

@@ -1,0 +1,185 @@
+"""The local launcher behind ``nibble run``: Nibble's services as processes on one machine.
+
+It starts a private ``redis-server`` (unless given a URL), the weight-sync service, the trainer and
+``num_samplers`` samplers — each a separate Python process started by command line, never imported
+— shows live progress from the trainer's ``metrics.jsonl``, and stops every child on completion,
+error or Ctrl-C. Secrets (the bearer tokens) reach children through the environment only.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from nibble.config import RunConfig
+
+STOP_GRACE_SECONDS = 20.0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen
+    log: Path
+
+
+@dataclass
+class Cluster:
+    """The processes of one run, stopped in reverse start order."""
+
+    out: Path
+    children: list[Child] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+    def start(self, name: str, argv: list[str]) -> Child:
+        logs = self.out / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log = logs / f"{name}.log"
+        handle = log.open("ab")
+        process = subprocess.Popen(
+            argv, stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **self.env}, start_new_session=True
+        )
+        handle.close()
+        child = Child(name, process, log)
+        self.children.append(child)
+        return child
+
+    def start_service(self, name: str, module: str, config: Path, *extra: str) -> Child:
+        return self.start(name, [sys.executable, "-m", module, "--config", str(config), *extra])
+
+    def failed(self) -> Child | None:
+        """A child that exited with an error (or at all, for services that should keep running)."""
+        for child in self.children:
+            if child.process.poll() not in (None, 0):
+                return child
+        return None
+
+    def stop(self) -> None:
+        """SIGTERM every child (newest first), then SIGKILL what is left after the grace period."""
+        for child in reversed(self.children):
+            if child.process.poll() is None:
+                child.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        for child in reversed(self.children):
+            remaining = max(0.1, deadline - time.monotonic())
+            try:
+                child.process.wait(timeout=remaining)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.process.pid, signal.SIGKILL)
+                child.process.wait()
+
+
+def start_redis(cluster: Cluster, directory: Path) -> str:
+    """A private ``redis-server`` on a free loopback port (noeviction, AOF on); returns its URL.
+
+    Raises:
+        RuntimeError: redis-server is not installed or did not answer within 10 s.
+    """
+    import redis
+
+    directory.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    argv = [
+        "redis-server",
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        str(directory),
+        "--appendonly",
+        "yes",
+        "--save",
+        "",
+        "--maxmemory-policy",
+        "noeviction",
+    ]
+    try:
+        cluster.start("redis", argv)
+    except FileNotFoundError as exc:
+        raise RuntimeError("redis-server is not installed (scripts/setup installs Debian's)") from exc
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url, socket_connect_timeout=0.5)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            client.ping()
+            return url
+        except redis.ConnectionError:
+            time.sleep(0.1)
+    raise RuntimeError(f"redis-server on port {port} did not answer within 10 s (see {cluster.out}/logs/redis.log)")
+
+
+def effective_config(config: RunConfig, out: Path, redis_url: str) -> RunConfig:
+    """The config every child reads: the run's, with this run's ports, URL and directories."""
+    data = config.model_dump(mode="json")
+    data["redis"]["url"] = redis_url
+    data["weightsync"].update(port=free_port(), publish_port=free_port(), store_dir=str(out / "weights"))
+    data["trainer"]["checkpoint_dir"] = str(out / "trainer")
+    return RunConfig.model_validate(data)
+
+
+def write_config(config: RunConfig, path: Path) -> Path:
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    return path
+
+
+def child_environment() -> dict[str, str]:
+    """Fresh bearer tokens for this run (children read them from the environment)."""
+    return {"NIBBLE_PUBLISH_TOKEN": secrets.token_hex(16), "NIBBLE_FETCH_TOKEN": secrets.token_hex(16)}
+
+
+def launch(
+    config: RunConfig,
+    out: Path,
+    *,
+    redis_url: str | None = None,
+    on_progress: Callable[[Path], None] | None = None,
+    poll_seconds: float = 1.0,
+) -> RunConfig:
+    """Run the services until the trainer finishes; return the effective config.
+
+    Raises:
+        RuntimeError: naming the child (and its log) that failed.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    cluster = Cluster(out, env=child_environment())
+    try:
+        url = redis_url or start_redis(cluster, out / "redis")
+        effective = effective_config(config, out, url)
+        path = write_config(effective, out / "config.yaml")
+        cluster.start_service("weightsync", "nibble.weightsync", path)
+        trainer = cluster.start_service("trainer", "nibble.trainer", path, "--out", str(out))
+        for i in range(effective.num_samplers):
+            cluster.start_service(f"sampler-{i}", "nibble.sampler", path, "--name", f"sampler-{i}", "--out", str(out))
+        while trainer.process.poll() is None:
+            failed = cluster.failed()
+            if failed is not None:
+                raise RuntimeError(f"{failed.name} exited with {failed.process.returncode}; see {failed.log}")
+            if on_progress:
+                on_progress(out)
+            time.sleep(poll_seconds)
+        if trainer.process.returncode != 0:
+            raise RuntimeError(f"trainer exited with {trainer.process.returncode}; see {trainer.log}")
+        if on_progress:
+            on_progress(out)
+        return effective
+    finally:
+        cluster.stop()

@@ -1,0 +1,1 @@
+"""The sampler service: a generation engine, the weight subscriber, admission control and the writer."""

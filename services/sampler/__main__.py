@@ -1,0 +1,5 @@
+import sys
+
+from nibble.sampler.main import main
+
+sys.exit(main())

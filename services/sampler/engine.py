@@ -1,0 +1,114 @@
+"""Generation engines: the interface every engine implements, and the built-in PyTorch one.
+
+An engine only swaps weights between :meth:`Engine.generate` calls (``pause`` → ``update_weights`` →
+``resume``), so all tokens of a batch come from one ``policy_version`` (DESIGN.md §5). An external
+engine (SGLang) is driven through the same four methods.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from nibble.model import MoETransformer
+from nibble.model.generate import generate
+from nibble.recipe.export import load_sampler_state
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One response: token ids (the stop token included when one ended it), the sampler logprob μ of
+    each token, and why it ended (``"stop"`` | ``"length"``)."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+class Engine(ABC):
+    """What the sampler service needs from a generation engine."""
+
+    policy_version: int
+
+    @abstractmethod
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        n: int,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        stop_tokens: Sequence[int],
+        seed: int,
+    ) -> list[list[Sample]]:
+        """``n`` samples per prompt, all with the weights of :attr:`policy_version`.
+
+        Raises:
+            RuntimeError: when called while paused.
+        """
+
+    @abstractmethod
+    def pause(self) -> None:
+        """Finish the batch in flight, then refuse new ones until :meth:`resume`."""
+
+    @abstractmethod
+    def update_weights(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        """Install weight-sync's form of ``version`` (only while paused; atomically: all or nothing).
+
+        Raises:
+            RuntimeError: when not paused. ValueError: state that does not fit the model (nothing applied).
+        """
+
+    @abstractmethod
+    def resume(self) -> None:
+        """Accept :meth:`generate` calls again."""
+
+
+class BuiltinEngine(Engine):
+    """Nibble's own engine: the packed (sampler-form) :class:`MoETransformer` and batched sampling."""
+
+    def __init__(self, model: MoETransformer, *, pad_id: int, policy_version: int = 0):
+        self.model = model.eval()
+        self.pad_id = pad_id
+        self.policy_version = policy_version
+        self._lock = threading.Lock()
+        self._paused = False
+
+    def generate(self, prompts, *, n, max_new_tokens, temperature, top_p, stop_tokens, seed):
+        with self._lock:
+            if self._paused:
+                raise RuntimeError("engine is paused (weights are being updated)")
+            repeated = [list(p) for p in prompts for _ in range(n)]
+            device = next(self.model.parameters()).device
+            out = generate(
+                self.model,
+                repeated,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                stop_tokens=stop_tokens,
+                pad_id=self.pad_id,
+                generator=torch.Generator(device).manual_seed(seed),
+            )
+        samples = [Sample(t, lp, r) for t, lp, r in zip(out.tokens, out.logprobs, out.finish_reasons, strict=True)]
+        return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    def pause(self) -> None:
+        with self._lock:  # waits for the batch in flight
+            self._paused = True
+
+    def update_weights(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        with self._lock:
+            if not self._paused:
+                raise RuntimeError("update_weights needs a paused engine")
+            load_sampler_state(self.model, state)  # validates everything before copying anything
+            self.policy_version = version
+
+    def resume(self) -> None:
+        with self._lock:
+            self._paused = False

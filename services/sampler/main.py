@@ -1,0 +1,78 @@
+"""``python -m nibble.sampler --config FILE --name NAME``: parse and validate config before heavy imports."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from pathlib import Path
+
+
+def parse(argv: list[str] | None):
+    parser = argparse.ArgumentParser(prog="nibble sampler", description="Nibble's sampler service")
+    parser.add_argument("--config", type=Path, required=True, help="run configuration (YAML)")
+    parser.add_argument("--name", default="sampler", help="sampler name (ids get a unique suffix)")
+    parser.add_argument("--out", type=Path, default=None, help="write counters to OUT/samplers/NAME.json")
+    args = parser.parse_args(argv)
+    from nibble.config import load
+
+    try:
+        return args, load(args.config)
+    except ValueError as exc:
+        parser.exit(2, f"error: {exc}\n")
+
+
+def build(config, name: str, out: Path | None):
+    import torch
+
+    from nibble.metrics import Metrics
+    from nibble.model import from_pretrained, load_config
+    from nibble.recipe import PrecisionPlan
+    from nibble.sampler.engine import BuiltinEngine
+    from nibble.sampler.service import Sampler
+    from nibble.tasks import get_task
+    from nibble.transport import AdmissionCounter, TrajectoryWriter, WeightSubscriber, connect
+
+    torch.set_num_threads(config.sampler.threads)
+    checkpoint = config.model.checkpoint
+    plan = PrecisionPlan.from_config(config.plan, load_config(checkpoint).num_hidden_layers)
+    model = from_pretrained(checkpoint, plan=plan).pack()
+    task = get_task(config.task.name, **config.task.options)
+    engine = BuiltinEngine(model, pad_id=task.tokenizer.pad_id)
+    metrics = Metrics("sampler")
+    metrics.serve(config.sampler.metrics_port)
+    client = connect(config.redis)
+    subscriber = WeightSubscriber.from_config(config.weightsync)
+    return Sampler(
+        config,
+        task,
+        engine,
+        TrajectoryWriter(client, config.redis),
+        AdmissionCounter(client, config.redis),
+        subscriber,
+        metrics,
+        name=name,
+        stats_file=stats_file(out, name),
+    )
+
+
+def stats_file(out: Path | None, name: str) -> Path | None:
+    if out is None:
+        return None
+    (out / "samplers").mkdir(parents=True, exist_ok=True)
+    return out / "samplers" / f"{name}.json"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, config = parse(argv)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.name} %(levelname)s %(message)s")
+    sampler = build(config, args.name, args.out)
+    signal.signal(signal.SIGTERM, lambda *_: sampler.stop.set())
+    signal.signal(signal.SIGINT, lambda *_: sampler.stop.set())
+    sampler.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""The sampler loop: swap weights between batches, reserve admission slots, generate, score, write."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from nibble.config import RunConfig
+from nibble.evaluation import decode_response
+from nibble.metrics import Metrics
+from nibble.sampler.engine import Engine
+from nibble.sampler.groups import build_group
+from nibble.tasks import Task
+from nibble.transport import AdmissionCounter, TrajectoryWriter, WeightSubscriber
+
+log = logging.getLogger("nibble.sampler")
+
+
+@dataclass
+class SamplerStats:
+    groups_written: int = 0
+    groups_not_written: int = 0
+    responses_removed: int = 0
+    tokens: int = 0
+
+
+class Sampler:
+    """One sampler process's work. ``run()`` returns when ``stop`` is set.
+
+    Admission (AReaL's rule, DESIGN.md §5): a group may start while groups started ≤
+    ``(v + max_staleness + 1) × groups_per_version`` with ``v`` the trainer's version, so samplers never
+    run more than ``max_staleness`` versions ahead of what the trainer will accept.
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        task: Task,
+        engine: Engine,
+        writer: TrajectoryWriter,
+        admission: AdmissionCounter,
+        subscriber: WeightSubscriber | None,
+        metrics: Metrics,
+        name: str = "sampler",
+        stats_file: Path | None = None,
+    ):
+        self.config, self.task, self.engine = config, task, engine
+        self.writer, self.admission, self.subscriber, self.metrics = writer, admission, subscriber, metrics
+        self.sampler_id = f"{name}-{uuid.uuid4().hex[:8]}"  # unique per process: trajectory ids never repeat
+        self.stop = threading.Event()
+        self.stats = SamplerStats()
+        self.stats_file = stats_file
+        self._started = time.time()
+        self._counter = itertools.count()
+        self._examples = task.train_stream(seed=hash(self.sampler_id) % 2**31)
+        self._pending_version: tuple[int, float] | None = None
+        self._pending_lock = threading.Lock()
+
+    # -- weights -------------------------------------------------------------------------------------
+
+    def watch_versions(self) -> None:
+        """Background thread: remember the newest announced version (applied between batches)."""
+        if self.subscriber is None:
+            return
+        for announcement in self.subscriber.watch(after_version=self.engine.policy_version, stop=self.stop):
+            with self._pending_lock:
+                self._pending_version = (announcement.policy_version, announcement.published_at)
+
+    def maybe_update_weights(self) -> None:
+        with self._pending_lock:
+            pending, self._pending_version = self._pending_version, None
+        if pending is None or pending[0] <= self.engine.policy_version:
+            return
+        version, published_at = pending
+        try:
+            manifest, state = self.subscriber.fetch(version)
+        except Exception as exc:
+            log.warning("version %d rejected: %s", version, exc)
+            self.metrics.rejected.labels(reason="bad_manifest").inc()
+            return
+        self.engine.pause()
+        try:
+            self.engine.update_weights(version, state)
+        except ValueError as exc:
+            log.warning("version %d does not fit the model: %s", version, exc)
+            self.metrics.rejected.labels(reason="bad_manifest").inc()
+        finally:
+            self.engine.resume()
+        self.metrics.policy_version.labels(role="sampler").set(self.engine.policy_version)
+        self.metrics.weight_bytes.labels(role="sampler").inc(manifest.total_bytes)
+        if self.engine.policy_version == version:
+            self.metrics.weight_sync_seconds.observe(max(0.0, time.time() - published_at))
+
+    # -- generation ----------------------------------------------------------------------------------
+
+    def allowed(self) -> int:
+        t = self.config.trainer
+        return (self.admission.trainer_version() + t.max_staleness + 1) * t.groups_per_step * t.publish_every
+
+    def reserve(self) -> int:
+        """Reserve up to ``groups_per_batch`` admission slots; return how many were granted."""
+        granted = 0
+        allowed = self.allowed()
+        while granted < self.config.sampler.groups_per_batch and self.admission.reserve(allowed):
+            granted += 1
+        return granted
+
+    def step(self) -> bool:
+        """One generation batch; returns False when it could not start (backpressure or no slots)."""
+        self.maybe_update_weights()
+        if self.writer.backpressure():
+            return False
+        granted = self.reserve()
+        if not granted:
+            return False
+        examples = [next(self._examples) for _ in range(granted)]
+        written = self.generate_and_write(examples)
+        if written < granted:
+            self.admission.release(granted - written)
+        return True
+
+    def generate_and_write(self, examples) -> int:
+        s, task = self.config.sampler, self.task
+        started = time.time()
+        version = self.engine.policy_version
+        prompts = [task.prompt_ids(e) for e in examples]
+        samples = self.engine.generate(
+            prompts,
+            n=s.group_size,
+            max_new_tokens=s.max_new_tokens or task.max_response_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            stop_tokens=[task.tokenizer.eos_id],
+            seed=next(self._counter),
+        )
+        written = 0
+        for example, prompt, group_samples in zip(examples, prompts, samples, strict=True):
+            responses = [decode_response(task, x.tokens) for x in group_samples]
+            rewards = task.score_many([example] * len(group_samples), responses)
+            ids = [f"{self.sampler_id}-{next(self._counter)}" for _ in group_samples]
+            outcome = build_group(
+                example_id=example.id,
+                prompt_tokens=prompt,
+                samples=group_samples,
+                rewards=rewards,
+                trajectory_ids=ids,
+                group_id=f"{self.sampler_id}-g{next(self._counter)}",
+                policy_version=version,
+                sampler_id=self.sampler_id,
+                temperature=s.temperature,
+                started_at=started,
+            )
+            self.stats.responses_removed += outcome.removed
+            if outcome.removed:
+                self.metrics.rejected.labels(reason="bad_response").inc(outcome.removed)
+            tokens = sum(len(x.tokens) for x in group_samples)
+            self.stats.tokens += tokens
+            self.metrics.tokens.labels(role="sampler").inc(tokens)
+            for x in group_samples:
+                self.metrics.response_tokens.observe(len(x.tokens))
+            if outcome.group is None:
+                self.stats.groups_not_written += 1
+                continue
+            self.writer.write(outcome.group)
+            self.stats.groups_written += 1
+            written += 1
+        return written
+
+    def write_stats(self) -> None:
+        """Counters for ``nibble run``'s summary (written atomically; the file outlives the process)."""
+        if self.stats_file is None:
+            return
+        record = {
+            **asdict(self.stats),
+            "sampler_id": self.sampler_id,
+            "policy_version": self.engine.policy_version,
+            "started_at": self._started,
+            "updated_at": time.time(),
+        }
+        tmp = self.stats_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record) + "\n")
+        tmp.replace(self.stats_file)
+
+    def run(self, idle_sleep: float = 0.05, stats_every: float = 2.0) -> None:
+        watcher = threading.Thread(target=self.watch_versions, name="weight-watch", daemon=True)
+        watcher.start()
+        last = 0.0
+        while not self.stop.is_set():
+            if not self.step():
+                self.stop.wait(idle_sleep)
+            if time.monotonic() - last > stats_every:
+                self.write_stats()
+                last = time.monotonic()
+        self.write_stats()

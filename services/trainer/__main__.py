@@ -1,0 +1,5 @@
+import sys
+
+from nibble.trainer.main import main
+
+sys.exit(main())

@@ -1,0 +1,115 @@
+"""Trainer checkpoints: model, optimiser state, the trained-trajectory ledger and counters.
+
+Everything is safetensors or JSON (nothing pickled). A checkpoint is written to a temporary directory
+and renamed into place, so a crash leaves either the previous checkpoint or the new one, never half.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from nibble.model import MoETransformer
+
+STATE_FILE = "trainer_state.json"
+OPTIMIZER_FILE = "optimizer.safetensors"
+
+
+class Ledger:
+    """The last ``capacity`` trained trajectory ids, in training order (a bounded, ordered set)."""
+
+    def __init__(self, capacity: int, ids: list[str] | None = None):
+        self.capacity = capacity
+        self._ids: OrderedDict[str, None] = OrderedDict.fromkeys(ids or [])
+
+    def __contains__(self, trajectory_id: str) -> bool:
+        return trajectory_id in self._ids
+
+    def add(self, trajectory_id: str) -> None:
+        self._ids[trajectory_id] = None
+        while len(self._ids) > self.capacity:
+            self._ids.popitem(last=False)
+
+    def ids(self) -> list[str]:
+        return list(self._ids)
+
+
+@dataclass
+class TrainerState:
+    """Counters that must survive a restart."""
+
+    step: int = 0
+    policy_version: int = 0
+    trained: list[str] = field(default_factory=list)
+    stale_dropped: list[str] = field(default_factory=list)
+    eval_accuracy: float | None = None
+
+
+def save(directory: Path, model: MoETransformer, optimizer: torch.optim.Optimizer, state: TrainerState) -> Path:
+    """Write checkpoint ``step-<n>`` under ``directory`` atomically and point ``latest`` at it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / f"step-{state.step:08d}"
+    tmp = directory / f".tmp-step-{state.step:08d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    save_file(_optimizer_tensors(model, optimizer), str(tmp / OPTIMIZER_FILE))
+    (tmp / STATE_FILE).write_text(json.dumps(asdict(state)) + "\n")
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    latest_tmp = directory / ".latest.tmp"
+    latest_tmp.write_text(final.name + "\n")
+    os.replace(latest_tmp, directory / "latest")
+    return final
+
+
+def latest(directory: Path) -> Path | None:
+    """The checkpoint ``latest`` points at, or ``None`` when the directory has none."""
+    pointer = Path(directory) / "latest"
+    if not pointer.is_file():
+        return None
+    path = Path(directory) / pointer.read_text().strip()
+    return path if (path / STATE_FILE).is_file() else None
+
+
+def load_state(path: Path) -> TrainerState:
+    """Counters of checkpoint ``path`` (errors name the file)."""
+    file = Path(path) / STATE_FILE
+    try:
+        return TrainerState(**json.loads(file.read_text()))
+    except (OSError, json.JSONDecodeError, TypeError) as exc:
+        raise ValueError(f"{file}: unreadable trainer state ({exc})") from exc
+
+
+def load_optimizer(path: Path, model: MoETransformer, optimizer: torch.optim.Optimizer) -> None:
+    """Restore AdamW moments and step counts saved by :func:`save` into ``optimizer``."""
+    tensors = load_file(str(Path(path) / OPTIMIZER_FILE))
+    names = {id(p): n for n, p in model.named_parameters()}
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            name = names[id(param)]
+            if f"{name}::exp_avg" not in tensors:
+                continue
+            optimizer.state[param] = {
+                "step": tensors[f"{name}::step"].clone(),
+                "exp_avg": tensors[f"{name}::exp_avg"].clone(),
+                "exp_avg_sq": tensors[f"{name}::exp_avg_sq"].clone(),
+            }
+
+
+def _optimizer_tensors(model: MoETransformer, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, param in model.named_parameters():
+        state = optimizer.state.get(param)
+        if not state:
+            continue
+        out[f"{name}::exp_avg"] = state["exp_avg"].detach().cpu().contiguous()
+        out[f"{name}::exp_avg_sq"] = state["exp_avg_sq"].detach().cpu().contiguous()
+        out[f"{name}::step"] = torch.as_tensor(state["step"], dtype=torch.float32).reshape(1).cpu()
+    return out

@@ -1,0 +1,205 @@
+"""The trainer loop: consume whole groups, train, publish versions, checkpoint, then acknowledge."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from nibble.config import RunConfig
+from nibble.evaluation import accuracy
+from nibble.metrics import Metrics
+from nibble.model import MoETransformer
+from nibble.recipe.export import published_state
+from nibble.stability import drift_headroom
+from nibble.tasks import Task
+from nibble.trainer import checkpoint
+from nibble.trainer.batch import assemble
+from nibble.trainer.step import StepResult, train_on_batch
+from nibble.transport import AdmissionCounter, StreamEntry, TrajectoryReader, WeightPublisherClient
+
+log = logging.getLogger("nibble.trainer")
+
+
+class Stopped(Exception):
+    """Raised inside the loop when a shutdown was requested."""
+
+
+@dataclass
+class Consumed:
+    """Groups taken from the stream for one step, and the entries to acknowledge after the checkpoint."""
+
+    groups: list = field(default_factory=list)
+    entry_ids: list[str] = field(default_factory=list)
+    trajectory_ids: set[str] = field(default_factory=set)
+    idle_seconds: float = 0.0
+
+
+class Trainer:
+    """One trainer process's work; :meth:`run` trains until ``trainer.total_steps``."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        task: Task,
+        model: MoETransformer,
+        optimizer: torch.optim.Optimizer,
+        state: checkpoint.TrainerState,
+        reader: TrajectoryReader,
+        admission: AdmissionCounter,
+        publisher: WeightPublisherClient | None,
+        metrics: Metrics,
+        out: Path,
+        stop: threading.Event | None = None,
+    ):
+        self.config, self.task, self.model, self.optimizer, self.state = config, task, model, optimizer, state
+        self.reader, self.admission, self.publisher, self.metrics = reader, admission, publisher, metrics
+        self.ledger = checkpoint.Ledger(config.trainer.ledger_size, state.trained)
+        self.dropped = checkpoint.Ledger(config.trainer.ledger_size, state.stale_dropped)
+        self.unacked: list[str] = []
+        self.out = out
+        self.metrics_file = out / "metrics.jsonl"
+        self.stop = stop or threading.Event()
+        self.stale_dropped_total = 0
+
+    # -- consuming -----------------------------------------------------------------------------------
+
+    def consume(self) -> Consumed:
+        """Read until ``groups_per_step`` fresh-enough, untrained groups are in hand."""
+        t = self.config.trainer
+        consumed = Consumed()
+        while len(consumed.groups) < t.groups_per_step:
+            if self.stop.is_set():
+                raise Stopped
+            started = time.monotonic()
+            entries = self.reader.read(count=t.groups_per_step - len(consumed.groups), block_seconds=1.0)
+            if not entries:
+                consumed.idle_seconds += time.monotonic() - started
+                continue
+            for entry in entries:
+                self._take(entry, consumed)
+        return consumed
+
+    def _take(self, entry: StreamEntry, consumed: Consumed) -> None:
+        group = entry.group
+        consumed.entry_ids.append(entry.entry_id)
+        ids = [r.trajectory_id for r in group.responses]
+        if all(i in self.ledger or i in self.dropped or i in consumed.trajectory_ids for i in ids):
+            return  # a redelivery or duplicate XADD: already trained, dropped, or in this batch
+        staleness = self.state.policy_version - group.policy_version
+        if staleness > self.config.trainer.max_staleness:
+            for i in ids:
+                self.dropped.add(i)
+            self.metrics.stale_dropped.inc(len(ids))
+            self.stale_dropped_total += len(ids)
+            self.admission.release(1)
+            return
+        consumed.groups.append(group)
+        consumed.trajectory_ids.update(ids)
+        for _ in group.responses:
+            self.metrics.staleness.observe(staleness)
+
+    # -- one step ------------------------------------------------------------------------------------
+
+    def step(self) -> StepResult:
+        consumed = self.consume()
+        batch = assemble(consumed.groups, self.state.policy_version)
+        result = train_on_batch(self.model, self.optimizer, batch, self.config.trainer)
+        for trajectory_id in batch.trajectory_ids:
+            self.ledger.add(trajectory_id)
+        self.unacked += consumed.entry_ids
+        self.state.step += 1
+        self.metrics.trainer_idle_seconds.inc(consumed.idle_seconds)
+        self._record(result, batch, consumed)
+        t = self.config.trainer
+        if self.state.step % t.publish_every == 0:
+            self.publish()
+        if self.state.step % t.eval_every == 0 or self.state.step == t.total_steps:
+            self.evaluate()
+        if self.state.step % t.checkpoint_every == 0 or self.state.step == t.total_steps:
+            self.checkpoint()
+        return result
+
+    def publish(self) -> None:
+        version = self.state.policy_version + 1
+        if self.publisher is not None:
+            self.publisher.publish(version, published_state(self.model), self.model.plan)
+        self.state.policy_version = version
+        self.admission.set_trainer_version(version)
+        self.metrics.policy_version.labels(role="trainer").set(version)
+
+    def evaluate(self) -> None:
+        self.model.eval()
+        self.state.eval_accuracy = accuracy(self.model, self.task)
+        self.model.train()
+        self.metrics.eval_accuracy.set(self.state.eval_accuracy)
+
+    def checkpoint(self) -> None:
+        """Persist the step, then acknowledge and trim the entries it consumed (DESIGN.md §5)."""
+        self.state.trained = self.ledger.ids()
+        self.state.stale_dropped = self.dropped.ids()
+        checkpoint.save(self.config.trainer.checkpoint_dir, self.model, self.optimizer, self.state)
+        if self.unacked:
+            self.reader.ack(self.unacked)
+            self.unacked = []
+        self.reader.trim()
+
+    def _record(self, result: StepResult, batch, consumed: Consumed) -> None:
+        m, stats = self.metrics, result.stats
+        m.mismatch_kl.set(stats["mismatch_kl"])
+        m.logprob_abs_diff.set(stats["logprob_abs_diff"])
+        m.fresh_mismatch_kl.set(result.fresh["mismatch_kl"])
+        m.fresh_logprob_abs_diff.set(result.fresh["logprob_abs_diff"])
+        m.is_clipped_fraction.set(stats["is_clipped_fraction"])
+        m.grad_norm.set(result.grad_norm)
+        m.skipped_steps.inc(result.skipped_updates)
+        m.entropy.set(result.entropy)
+        m.reward_mean.set(float(batch.rewards.mean()))
+        m.truncated_fraction.set(float(batch.truncated.float().mean()))
+        m.zero_std_group_fraction.set(result.zero_std_groups / batch.num_groups)
+        m.tokens.labels(role="trainer").inc(result.trained_tokens)
+        m.drift_headroom.set(drift_headroom(stats["logprob_abs_diff"]))
+        for w in result.is_weights.tolist():
+            m.is_weight.observe(w)
+        m.queue_depth.set(self.reader.depth())
+        line = {
+            "step": self.state.step,
+            "policy_version": self.state.policy_version,
+            "time": time.time(),
+            "loss": result.loss,
+            "grad_norm": result.grad_norm,
+            "reward_mean": float(batch.rewards.mean()),
+            "staleness_mean": float(batch.staleness.float().mean()),
+            "idle_seconds": consumed.idle_seconds,
+            "trained_tokens": result.trained_tokens,
+            "entropy": result.entropy,
+            "eval_accuracy": self.state.eval_accuracy,
+            "stale_dropped_total": self.stale_dropped_total,
+            "dead_lettered_total": sum(self.reader.dead_lettered.values()),
+            **{k: float(v) for k, v in stats.items()},
+            **{f"fresh_{k}": float(v) for k, v in result.fresh.items()},
+        }
+        with self.metrics_file.open("a") as handle:
+            handle.write(json.dumps(line) + "\n")
+
+    def run(self) -> bool:
+        """Train until ``total_steps`` (True) or until ``stop`` is set (False; unacknowledged entries
+        are redelivered to the next trainer, which resumes from the last checkpoint)."""
+        if self.state.step == 0 and self.state.eval_accuracy is None:
+            self.evaluate()  # the warm start's held-out accuracy: the "before" of the run
+            with self.metrics_file.open("a") as handle:
+                handle.write(
+                    json.dumps({"step": 0, "time": time.time(), "eval_accuracy": self.state.eval_accuracy}) + "\n"
+                )
+        try:
+            while self.state.step < self.config.trainer.total_steps:
+                self.step()
+        except Stopped:
+            log.info("stopped at step %d", self.state.step)
+            return False
+        return True

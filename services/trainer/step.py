@@ -1,0 +1,120 @@
+"""One trainer step in named stages: score the old policy, advantages, loss, backward, optimiser step."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from nibble.config import TrainerConfig
+from nibble.model import MoETransformer
+from nibble.model.scoring import score
+from nibble.rl import correction_ratios, group_advantages, mismatch_stats, policy_loss, zero_std_groups
+from nibble.trainer.batch import Batch
+
+
+@dataclass
+class StepResult:
+    """What one consumed batch did; floats are means over valid tokens unless named otherwise."""
+
+    loss: float
+    grad_norm: float
+    skipped_updates: int
+    stats: dict[str, float]
+    fresh: dict[str, float]
+    entropy: float
+    zero_std_groups: int
+    dropped_zero_std_groups: int
+    trained_tokens: int
+    is_weights: torch.Tensor = field(repr=False)
+
+
+def old_policy(model: MoETransformer, batch: Batch):
+    """π_old: the trainer's logprobs of the sampled tokens before any update, with the same quantised
+    forward the sampler ran (computed once per consumed batch)."""
+    with torch.no_grad():
+        return score(model, batch.prompts, batch.responses, temperature=batch.temperature)
+
+
+def train_on_batch(
+    model: MoETransformer, optimizer: torch.optim.Optimizer, batch: Batch, config: TrainerConfig
+) -> StepResult:
+    """Run ``config.updates_per_batch`` optimiser steps over whole groups of ``batch``."""
+    old = old_policy(model, batch)
+    advantages = group_advantages(batch.rewards, batch.group_index)
+    zero = zero_std_groups(batch.rewards, batch.group_index)
+    keep_groups = [g for g in range(batch.num_groups) if not (config.drop_zero_std_groups and bool(zero[g]))]
+    updates = _split(keep_groups, config.updates_per_batch)
+    losses, norms, skipped, stats_list, tokens = [], [], 0, [], 0
+    for groups in updates:
+        rows = batch.rows_of_groups(groups)
+        if not len(rows):
+            continue
+        loss, stats, norm = _update(model, optimizer, batch, old.logprobs, advantages, rows, config)
+        if loss is None:
+            skipped += 1
+            continue
+        losses.append(loss)
+        norms.append(norm)
+        stats_list.append(stats)
+        tokens += int(stats["valid_tokens"])
+    mask = batch.mask
+    fresh_rows = batch.staleness == 0
+    fresh = mismatch_stats(old.logprobs[fresh_rows], batch.sampler_logprobs[fresh_rows], mask[fresh_rows])
+    return StepResult(
+        loss=sum(losses) / len(losses) if losses else float("nan"),
+        grad_norm=max(norms) if norms else float("nan"),
+        skipped_updates=skipped,
+        stats=_mean_stats(stats_list, mismatch_stats(old.logprobs, batch.sampler_logprobs, mask)),
+        fresh=fresh,
+        entropy=float(old.entropy[mask].mean()) if mask.any() else 0.0,
+        zero_std_groups=int(zero.sum()),
+        dropped_zero_std_groups=batch.num_groups - len(keep_groups),
+        trained_tokens=tokens,
+        is_weights=correction_ratios(old.logprobs, batch.sampler_logprobs, mask),
+    )
+
+
+def _update(model, optimizer, batch: Batch, old_logprobs, advantages, rows, config: TrainerConfig):
+    current = score(
+        model, [batch.prompts[i] for i in rows], [batch.responses[i] for i in rows], temperature=batch.temperature
+    )
+    width = current.logprobs.shape[1]
+    loss, stats = policy_loss(
+        current.logprobs,
+        old_logprobs[rows, :width],
+        batch.sampler_logprobs[rows, :width],
+        advantages[rows],
+        batch.mask[rows, :width],
+        clip_low=config.clip_low,
+        clip_high=config.clip_high,
+        correction=config.correction,
+        correction_level=config.correction_level,
+        cap=config.cap,
+    )
+    optimizer.zero_grad(set_to_none=True)
+    if not torch.isfinite(loss):
+        return None, stats, float("nan")
+    loss.backward()
+    norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
+    if not math.isfinite(norm):
+        optimizer.zero_grad(set_to_none=True)
+        return None, stats, norm
+    optimizer.step()
+    return float(loss), stats, norm
+
+
+def _split(groups: list[int], parts: int) -> list[list[int]]:
+    size = math.ceil(len(groups) / parts) if groups else 0
+    return [groups[i : i + size] for i in range(0, len(groups), size)] if size else []
+
+
+def _mean_stats(stats_list: list[dict[str, float]], whole: dict[str, float]) -> dict[str, float]:
+    """Token-weighted means of per-update stats; the batch's own mismatch over all its valid tokens."""
+    out = dict(whole)
+    total = sum(s["valid_tokens"] for s in stats_list)
+    for key in ("is_clipped_fraction", "ppo_clip_fraction"):
+        out[key] = sum(s[key] * s["valid_tokens"] for s in stats_list) / total if total else 0.0
+    out["rejected_tokens"] = sum(s["rejected_tokens"] for s in stats_list)
+    return out
