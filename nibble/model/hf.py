@@ -48,14 +48,14 @@ def from_pretrained(path, *, plan: PrecisionPlan | None = None, dtype: torch.dty
     path = Path(path)
     config = load_config(path)
     model = MoETransformer(config, plan)
-    state = _fuse_experts(dict(read_safetensors(path)), config)
+    state = _fuse_experts(_read_weights(path), config)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if config.tie_word_embeddings and "lm_head.weight" in missing:
         missing.remove("lm_head.weight")
     if missing or unexpected:
-        raise ValueError(f"{path}: missing tensors {missing or '[]'}; unexpected tensors {unexpected or '[]'}")
+        raise ValueError(f"{path}: missing tensors {_listing(missing)}; unexpected tensors {_listing(unexpected)}")
     for name, tensor in state.items():
         if tensor.shape != expected[name].shape:
             raise ValueError(
@@ -64,6 +64,29 @@ def from_pretrained(path, *, plan: PrecisionPlan | None = None, dtype: torch.dty
             )
     model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=not config.tie_word_embeddings)
     return model.to(dtype)
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The model's tensors: the shards named by ``model.safetensors.index.json``, else
+    ``model.safetensors``, else every ``*.safetensors`` file of the directory."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, AttributeError) as exc:
+            raise ValueError(f"{index}: not a safetensors index ({exc})") from exc
+        state = {}
+        for shard in shards:
+            state.update(read_safetensors(path / shard))
+        return state
+    single = path / "model.safetensors"
+    return dict(read_safetensors(single if single.is_file() else path))
+
+
+def _listing(names: list[str], limit: int = 12) -> str:
+    if len(names) <= limit:
+        return str(names)
+    return f"{names[:limit]} and {len(names) - limit} more"
 
 
 def _fuse_experts(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:

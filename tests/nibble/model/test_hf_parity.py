@@ -92,3 +92,15 @@ def test_save_pretrained_round_trips_and_transformers_reads_it(tmp_path):
     ids = torch.randint(0, 96, (2, 9))
     with torch.no_grad():
         torch.testing.assert_close(ours(ids), again(ids).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_sharded_checkpoint_with_an_index_loads(tmp_path):
+    ref_model = hf_model("qwen3_moe", tmp_path / "single")
+    ref_model.save_pretrained(tmp_path / "sharded", max_shard_size="100KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    (tmp_path / "sharded" / "unrelated.safetensors").write_bytes(b"not a shard")  # never read
+    ids = torch.randint(0, 96, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(
+            from_pretrained(tmp_path / "sharded")(ids), ref_model(ids).logits, atol=1e-4, rtol=1e-4
+        )
