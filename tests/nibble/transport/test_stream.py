@@ -47,13 +47,13 @@ def test_two_readers_get_distinct_entries(client, stream_config):
 
 
 def test_entries_of_a_silent_consumer_are_claimed_after_the_idle_timeout(client, stream_config):
-    config = stream_config.model_copy(update={"claim_idle_seconds": 0.2})
+    config = stream_config.model_copy(update={"claim_idle_seconds": 1.0})
     written = write_groups(client, config, 5)
     dead = TrajectoryReader(client, config, "dead")
     assert ids(dead.read(3)) == written[:3]  # ... and never acknowledged
     survivor = TrajectoryReader(client, config, "survivor")
-    assert ids(survivor.read(10)) == written[3:]  # not yet idle long enough: only the new ones
-    time.sleep(0.3)
+    assert ids(survivor.read(10)) == written[3:]  # not idle for 1 s yet: only the new ones
+    time.sleep(1.1)
     assert ids(survivor.read(10)) == written[:3]
     owners = client.xpending_range(config.stream, config.consumer_group, "-", "+", 10)
     assert {o["consumer"] for o in owners} == {b"survivor"}
@@ -151,4 +151,4 @@ def test_read_rejects_bad_arguments(client, stream_config):
         reader.read(1, block_seconds=stream_config.socket_timeout_seconds)
     start = time.monotonic()
     assert reader.read(1, block_seconds=0.2) == []
-    assert 0.15 < time.monotonic() - start < 1.0
+    assert 0.15 < time.monotonic() - start < 2.0
