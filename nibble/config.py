@@ -58,14 +58,25 @@ class RedisConfig(Section):
     url: str = "redis://127.0.0.1:6379/0"
     password_file: Path | None = Field(None, description="file holding the Redis password (or NIBBLE_REDIS_PASSWORD)")
     tls: bool = False
+    tls_ca_file: Path | None = Field(None, description="CA that signed Redis's certificate (default: system CAs)")
     stream: str = "nibble:trajectories"
     dead_letter_stream: str = "nibble:trajectories:dead"
+    dead_letter_max_entries: int = Field(
+        10_000, ge=1, description="the dead-letter stream keeps about this many newest entries"
+    )
     consumer_group: str = "trainer"
     claim_idle_seconds: float = Field(
         30.0, gt=0, description="pending entries of a silent consumer are claimed after this"
     )
     queue_capacity: int = Field(64, ge=1, description="undelivered groups above which samplers pause (never trimmed)")
     key_prefix: str = "nibble:"
+    connect_timeout_seconds: float = Field(5.0, gt=0, description="TCP/TLS connect timeout, and the start-up ping's")
+    socket_timeout_seconds: float = Field(
+        10.0, gt=0, description="a reply later than this counts as a lost connection; blocking reads must be shorter"
+    )
+    retry_seconds: float = Field(
+        60.0, ge=0, description="a lost Redis is retried (backoff 0.1 s doubling to 5 s) this long before failing"
+    )
 
 
 class WeightSyncConfig(Section):

@@ -1,7 +1,10 @@
-"""Session-wide test configuration: GPU tests skip cleanly on machines without CUDA."""
+"""Session-wide test configuration: GPU tests skip cleanly on machines without CUDA; one throw-away
+Redis serves every test that needs one (each test uses stream and key names of its own)."""
 
 import pytest
 import torch
+
+from tests.services import RedisServer, redis_config
 
 
 def pytest_collection_modifyitems(config, items):
@@ -11,3 +14,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """A ``redis-server`` on a free loopback port (noeviction, no persistence) for the whole session."""
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def stream_config(redis_server):
+    """A RedisConfig on the session's server with this test's own stream and key names."""
+    return redis_config(redis_server.url)

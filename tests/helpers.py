@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from nibble.weights import read_safetensors
+from nibble.wire import pb
 
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 E2M1_TIES = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
@@ -156,3 +157,30 @@ def floor_rows() -> torch.Tensor:
     base = base / base.abs().amax(dim=-1, keepdim=True)
     below = float(np.nextafter(np.float32(2.0**-100), np.float32(0)))
     return base * torch.tensor([[2.0**-100], [below], [2.0**-95]])
+
+
+def trajectory_group(
+    group_id: str = "g0", size: int = 4, *, sampler_id: str = "sampler-0", version: int = 0, length: int = 3
+) -> pb.TrajectoryGroup:
+    """A valid ``pb.TrajectoryGroup`` of ``size`` responses of ``length`` tokens (ids ``<group_id>/<i>``)."""
+    responses = [
+        pb.Response(
+            trajectory_id=f"{group_id}/{i}",
+            tokens=list(range(1, length + 1)),
+            logprobs=[-0.5] * length,
+            reward=float(i % 2),
+            finish_reason=pb.STOP,
+        )
+        for i in range(size)
+    ]
+    return pb.TrajectoryGroup(
+        group_id=group_id,
+        example_id=f"example-{group_id}",
+        prompt_tokens=[5, 6, 7],
+        responses=responses,
+        policy_version=version,
+        sampler_id=sampler_id,
+        temperature=1.0,
+        started_at=1.0,
+        finished_at=2.0,
+    )

@@ -1,0 +1,111 @@
+"""Real services the tests run against (one place): a throw-away ``redis-server`` on a free loopback port."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+
+from nibble.config import RedisConfig
+
+REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class RedisServer:
+    """A ``redis-server`` child process: no persistence, ``noeviction`` unless told otherwise, its files in
+    ``directory``. ``stop()`` ends it; ``start()`` brings it back on the same port (empty)."""
+
+    def __init__(self, directory: Path, *extra_args: str, port: int | None = None, tls: bool = False):
+        self.directory, self.extra_args = Path(directory), extra_args
+        self.port = port or free_port()
+        self.ca_file = self.directory / "ca.crt" if tls else None
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"{'rediss' if self.ca_file else 'redis'}://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        args = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        args += ["--maxmemory-policy", "noeviction", "--dir", str(self.directory), "--logfile", "redis.log"]
+        if self.ca_file is not None:
+            make_certificates(self.directory)
+            args[1:3] = ["--port", "0", "--tls-port", str(self.port), "--tls-auth-clients", "no"]
+            args += ["--tls-cert-file", "server.crt", "--tls-key-file", "server.key", "--tls-ca-cert-file", "ca.crt"]
+        self.process = subprocess.Popen([*args, *self.extra_args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self._wait_until_up(timeout)
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def client(self, **kwargs) -> redis.Redis:
+        if self.ca_file is not None:
+            kwargs.setdefault("ssl_ca_certs", str(self.ca_file))
+        return redis.Redis.from_url(self.url, **kwargs)
+
+    def _wait_until_up(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                log = self.directory / "redis.log"
+                detail = log.read_text()[-2000:] if log.exists() else self.process.stderr.read().decode()
+                pytest.fail(f"redis-server on port {self.port} exited ({self.process.returncode}): {detail}")
+            try:
+                with self.client(socket_connect_timeout=0.2) as probe:
+                    probe.ping()
+                return
+            except redis.AuthenticationError:
+                return  # up, and wants a password
+            except redis.ConnectionError:
+                time.sleep(0.02)
+        self.stop()
+        pytest.fail(f"redis-server on port {self.port} did not answer within {timeout} s")
+
+
+def make_certificates(directory: Path) -> None:
+    """A throw-away CA (``ca.crt``) and a server certificate for 127.0.0.1 it signed (``server.crt/.key``)."""
+    if (directory / "server.crt").exists():
+        return
+    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    signed = ["-out", "server.crt", "-days", "1", "-extfile", "san.ext"]
+    for command in (
+        ["req", "-x509", *key, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=nibble test CA"],
+        ["req", *key, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1"],
+        ["x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", *signed],
+    ):
+        subprocess.run(["openssl", *command], cwd=directory, check=True, capture_output=True)
+
+
+def redis_config(url: str, **overrides) -> RedisConfig:
+    """A RedisConfig with stream and key names of its own, so tests sharing one server never meet."""
+    run = f"test-{uuid.uuid4().hex[:12]}:"
+    names = {
+        "stream": f"{run}trajectories",
+        "dead_letter_stream": f"{run}trajectories:dead",
+        "key_prefix": run,
+        "retry_seconds": 2.0,
+    }
+    return RedisConfig(url=url, **{**names, **overrides})
