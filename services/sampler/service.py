@@ -17,7 +17,7 @@ from nibble.metrics import Metrics
 from nibble.sampler.engine import Engine
 from nibble.sampler.groups import build_group
 from nibble.tasks import Task
-from nibble.transport import AdmissionCounter, TrajectoryWriter, WeightSubscriber
+from nibble.transport import AdmissionCounter, TrajectoryWriter, WeightSubscriber, allowed_groups
 
 log = logging.getLogger("nibble.sampler")
 
@@ -101,7 +101,7 @@ class Sampler:
 
     def allowed(self) -> int:
         t = self.config.trainer
-        return (self.admission.trainer_version() + t.max_staleness + 1) * t.groups_per_step * t.publish_every
+        return allowed_groups(self.admission.trainer_version(), t.max_staleness, t.groups_per_step * t.publish_every)
 
     def reserve(self) -> int:
         """Reserve up to ``groups_per_batch`` admission slots; return how many were granted."""
