@@ -13,6 +13,7 @@ import torch
 
 from nibble.model.kv_cache import KVCache
 from nibble.model.transformer import MoETransformer
+from nibble.recipe.compute import log_softmax
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ def sample_token(
     ``temperature == 0`` is greedy decoding, whose reported logprob is at ``T = 1``.
     """
     scaled = logits / temperature if temperature > 0 else logits
-    logprobs = torch.log_softmax(scaled, dim=-1)
+    logprobs = log_softmax(scaled)
     if temperature == 0:
         tokens = logprobs.argmax(dim=-1)
     else:

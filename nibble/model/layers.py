@@ -8,13 +8,14 @@ from torch import nn
 
 from nibble.model.config import ModelConfig
 from nibble.model.kv_cache import KVCache
-from nibble.recipe.compute import attention, linear
+from nibble.recipe.compute import attention, linear, rms_normalize, softmax
 from nibble.recipe.modules import PlannedExperts, PlannedLinear, bf16_operand
 from nibble.recipe.plan import PrecisionPlan
 
 
 class RMSNorm(nn.Module):
-    """``w * x / sqrt(mean(x²) + eps)``, the statistics in float32 (as HF's Qwen RMSNorm)."""
+    """``w * x / sqrt(mean(x²) + eps)`` (HF's Qwen RMSNorm; the statistic reduced in float64, see
+    :mod:`nibble.recipe.compute`)."""
 
     def __init__(self, size: int, eps: float, plan: PrecisionPlan):
         super().__init__()
@@ -22,8 +23,7 @@ class RMSNorm(nn.Module):
         self.eps, self.plan = eps, plan
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.to(torch.float32)
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        normed = rms_normalize(x, self.eps)
         return bf16_operand(self.weight, self.plan) * normed.to(self.plan.torch_compute_dtype)
 
 
@@ -108,7 +108,7 @@ class Router(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = linear(x, bf16_operand(self.weight, self.plan))
-        probs = torch.softmax(logits.to(torch.float32), dim=-1)
+        probs = softmax(logits)
         top_w, top_i = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:
             top_w = top_w / top_w.sum(dim=-1, keepdim=True)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from nibble.model.transformer import MoETransformer
+from nibble.recipe.compute import log_softmax
 
 
 @dataclass
@@ -57,7 +58,7 @@ def score(
         mask[row, : len(response)] = True
     positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
     logits = model(ids, positions=positions, attention_mask=valid)[:, p_width - 1 : p_width + r_width - 1]
-    logp_all = torch.log_softmax(logits / temperature, dim=-1)
+    logp_all = log_softmax(logits / temperature)
     targets = ids[:, p_width:]
     logprobs = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     with torch.no_grad():

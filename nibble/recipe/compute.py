@@ -33,3 +33,20 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     if wide is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     return F.scaled_dot_product_attention(q.to(wide), k.to(wide), v.to(wide), attn_mask=mask).to(q.dtype)
+
+
+def log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    """float32 ``log_softmax`` over the last dim, reduced in float64 so that a row's logprobs do not
+    depend on how many rows are computed with it (sampler decode vs trainer scoring)."""
+    return torch.log_softmax(logits.to(torch.float64), dim=-1).to(torch.float32)
+
+
+def softmax(logits: torch.Tensor) -> torch.Tensor:
+    """float32 ``softmax`` over the last dim, reduced in float64 (see :func:`log_softmax`)."""
+    return torch.softmax(logits.to(torch.float64), dim=-1).to(torch.float32)
+
+
+def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / sqrt(mean(x²) + eps)`` in float32; the mean is reduced in float64 (row-invariant)."""
+    x64 = x.to(torch.float64)
+    return (x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)).to(torch.float32)

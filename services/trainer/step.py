@@ -38,20 +38,27 @@ def old_policy(model: MoETransformer, batch: Batch):
 
 
 def train_on_batch(
-    model: MoETransformer, optimizer: torch.optim.Optimizer, batch: Batch, config: TrainerConfig
+    model: MoETransformer,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    config: TrainerConfig,
+    reference: MoETransformer | None = None,
 ) -> StepResult:
-    """Run ``config.updates_per_batch`` optimiser steps over whole groups of ``batch``."""
+    """Run ``config.updates_per_batch`` optimiser steps over whole groups of ``batch``; with
+    ``reference`` (a frozen copy of the warm start) a k3 KL penalty of weight ``config.kl_coef`` is added."""
     old = old_policy(model, batch)
+    ref = old_policy(reference, batch).logprobs if reference is not None else None
     advantages = group_advantages(batch.rewards, batch.group_index)
-    zero = zero_std_groups(batch.rewards, batch.group_index)
-    keep_groups = [g for g in range(batch.num_groups) if not (config.drop_zero_std_groups and bool(zero[g]))]
+    group_ids, zero_std = zero_std_groups(batch.rewards, batch.group_index)
+    zero = {int(g) for g, z in zip(group_ids.tolist(), zero_std.tolist(), strict=True) if z}
+    keep_groups = [g for g in range(batch.num_groups) if not (config.drop_zero_std_groups and g in zero)]
     updates = _split(keep_groups, config.updates_per_batch)
     losses, norms, skipped, stats_list, tokens = [], [], 0, [], 0
     for groups in updates:
         rows = batch.rows_of_groups(groups)
         if not len(rows):
             continue
-        loss, stats, norm = _update(model, optimizer, batch, old.logprobs, advantages, rows, config)
+        loss, stats, norm = _update(model, optimizer, batch, old.logprobs, ref, advantages, rows, config)
         if loss is None:
             skipped += 1
             continue
@@ -61,22 +68,27 @@ def train_on_batch(
         tokens += int(stats["valid_tokens"])
     mask = batch.mask
     fresh_rows = batch.staleness == 0
-    fresh = mismatch_stats(old.logprobs[fresh_rows], batch.sampler_logprobs[fresh_rows], mask[fresh_rows])
+    level = config.correction_level
+    fresh = mismatch_stats(
+        old.logprobs[fresh_rows], batch.sampler_logprobs[fresh_rows], mask[fresh_rows], correction_level=level
+    )
     return StepResult(
         loss=sum(losses) / len(losses) if losses else float("nan"),
         grad_norm=max(norms) if norms else float("nan"),
         skipped_updates=skipped,
-        stats=_mean_stats(stats_list, mismatch_stats(old.logprobs, batch.sampler_logprobs, mask)),
+        stats=_mean_stats(
+            stats_list, mismatch_stats(old.logprobs, batch.sampler_logprobs, mask, correction_level=level)
+        ),
         fresh=fresh,
         entropy=float(old.entropy[mask].mean()) if mask.any() else 0.0,
-        zero_std_groups=int(zero.sum()),
+        zero_std_groups=len(zero),
         dropped_zero_std_groups=batch.num_groups - len(keep_groups),
         trained_tokens=tokens,
         is_weights=correction_ratios(old.logprobs, batch.sampler_logprobs, mask),
     )
 
 
-def _update(model, optimizer, batch: Batch, old_logprobs, advantages, rows, config: TrainerConfig):
+def _update(model, optimizer, batch: Batch, old_logprobs, ref_logprobs, advantages, rows, config: TrainerConfig):
     current = score(
         model, [batch.prompts[i] for i in rows], [batch.responses[i] for i in rows], temperature=batch.temperature
     )
@@ -92,6 +104,8 @@ def _update(model, optimizer, batch: Batch, old_logprobs, advantages, rows, conf
         correction=config.correction,
         correction_level=config.correction_level,
         cap=config.cap,
+        ref_logprobs=None if ref_logprobs is None else ref_logprobs[rows, :width],
+        kl_coef=config.kl_coef if ref_logprobs is not None else 0.0,
     )
     optimizer.zero_grad(set_to_none=True)
     if not torch.isfinite(loss):
@@ -102,7 +116,7 @@ def _update(model, optimizer, batch: Batch, old_logprobs, advantages, rows, conf
         optimizer.zero_grad(set_to_none=True)
         return None, stats, norm
     optimizer.step()
-    return float(loss), stats, norm
+    return loss.item(), stats, norm
 
 
 def _split(groups: list[int], parts: int) -> list[list[int]]:
