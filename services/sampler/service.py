@@ -68,7 +68,7 @@ class Sampler:
         """Background thread: remember the newest announced version (applied between batches)."""
         if self.subscriber is None:
             return
-        for announcement in self.subscriber.watch(after_version=self.engine.policy_version, stop=self.stop):
+        for announcement in self.subscriber.watch(after_version=self.engine.policy_version):
             with self._pending_lock:
                 self._pending_version = (announcement.policy_version, announcement.published_at)
 
@@ -197,4 +197,6 @@ class Sampler:
             if time.monotonic() - last > stats_every:
                 self.write_stats()
                 last = time.monotonic()
+        if self.subscriber is not None:
+            self.subscriber.close()  # ends the watch thread
         self.write_stats()
