@@ -73,6 +73,11 @@ def measure(checkpoint: Path, *, prompts: int = 128, temperature: float = 1.0, s
     checkpoint = Path(checkpoint)
     config = load_config(checkpoint)
     with task_of(checkpoint) as task:
+        if task.tokenizer.vocab_size != config.vocab_size:
+            raise ValueError(
+                f"{checkpoint}: the recorded task's tokenizer has {task.tokenizer.vocab_size} tokens, the model "
+                f"{config.vocab_size} (the task's data or tokenizer changed since `nibble sft`)"
+            )
         examples = task.train_examples(prompts, seed=seed)
         prompt_ids = [task.prompt_ids(e) for e in examples]
         stops, pad = [task.tokenizer.eos_id], task.tokenizer.pad_id

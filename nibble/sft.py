@@ -7,6 +7,7 @@ held-out accuracy reaches a target (or a step budget), so RL starts with room to
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -56,6 +57,7 @@ def train_sft(
     _check(steps, batch_size, learning_rate, target_accuracy, eval_every)
     torch.manual_seed(seed)
     model = MoETransformer(tiny(task.tokenizer.vocab_size))
+    check_fits_context(task, model.config.max_position_embeddings)
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20))
     stream = task.train_stream(seed)
@@ -71,6 +73,8 @@ def train_sft(
             pad_id=task.tokenizer.pad_id,
         )
         loss = -(scores.logprobs * scores.mask).sum() / scores.mask.sum()
+        if not torch.isfinite(loss):
+            raise ValueError(f"training diverged at step {step} (non-finite loss); lower learning_rate={learning_rate}")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -98,11 +102,25 @@ def save_warm_start(model: MoETransformer, result: SFTResult, task_spec: dict, o
     (Path(out) / SFT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
 
 
+def check_fits_context(task: Task, context: int, sample: int = 1000) -> None:
+    """Raise ``ValueError`` when the task's prompts plus ``max_response_tokens`` exceed ``context``
+    (checked on the evaluation split and the first ``sample`` training examples)."""
+    examples = [*task.eval_examples(), *task.train_examples(sample, seed=0)]
+    longest = max(examples, key=lambda e: len(task.prompt_ids(e)))
+    need = len(task.prompt_ids(longest)) + task.max_response_tokens
+    if need > context:
+        raise ValueError(
+            f"task {task.name!r}: the longest prompt ({len(task.prompt_ids(longest))} tokens, example "
+            f"{longest.id!r}) plus max_response_tokens={task.max_response_tokens} needs {need} positions; "
+            f"the model's context is {context} (lower the task option max_response_tokens or shorten prompts)"
+        )
+
+
 def _check(steps, batch_size, learning_rate, target_accuracy, eval_every) -> None:
     for name, value in (("steps", steps), ("batch_size", batch_size), ("eval_every", eval_every)):
         if value < 1:
             raise ValueError(f"{name}={value} must be >= 1")
-    if learning_rate <= 0:
+    if not math.isfinite(learning_rate) or learning_rate <= 0:
         raise ValueError(f"learning_rate={learning_rate} must be > 0")
     if target_accuracy is not None and not 0 < target_accuracy <= 1:
         raise ValueError(f"target_accuracy={target_accuracy} must lie in (0, 1]")

@@ -10,9 +10,12 @@ import typer
 
 from nibble.cli.app import app, user_errors
 
+PATH_OPTIONS = ("path", "tokenizer")
+
 
 def parse_options(pairs: list[str]) -> dict:
-    """``KEY=VALUE`` pairs to a dict; values parse as JSON when they can (numbers, booleans), else text."""
+    """``KEY=VALUE`` pairs to a dict; values parse as JSON when they can (numbers, booleans), else text.
+    File options (``path``, ``tokenizer``) are made absolute, so the recorded task works from anywhere."""
     options = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -22,7 +25,22 @@ def parse_options(pairs: list[str]) -> dict:
             options[key] = json.loads(value)
         except json.JSONDecodeError:
             options[key] = value
+        if key in PATH_OPTIONS:
+            options[key] = str(Path(value).expanduser().resolve())
     return options
+
+
+def writable_directory(out: Path) -> None:
+    """Refuse a non-empty directory (nothing stored is overwritten) or one that cannot be created."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"--out {out}: exists and is not an empty directory (refusing to overwrite)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"--out {out}: cannot write there ({exc.strerror or exc})") from exc
 
 
 @app.command("sft")
@@ -45,8 +63,7 @@ def sft(
     from nibble.sft import save_warm_start, train_sft
     from nibble.tasks import get_task
 
-    if out.exists() and any(out.iterdir()):
-        raise ValueError(f"--out {out}: directory exists and is not empty (refusing to overwrite)")
+    writable_directory(out)
     with get_task(task, **options) as chosen:
 
         def progress(step: int, loss: float, evaluated: float | None) -> None:

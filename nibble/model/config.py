@@ -8,6 +8,21 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Architecture = Literal["qwen3_moe", "qwen2_moe"]
 
+# transformers' Qwen3MoeConfig / Qwen2MoeConfig defaults for keys that a config.json may leave out.
+HF_DEFAULTS = {
+    "norm_topk_prob": False,
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-6,
+    "decoder_sparse_step": 1,
+    "tie_word_embeddings": False,
+}
+
+
+def _int_tuple(field: str, value: object) -> tuple[int, ...]:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) for v in value):
+        raise ValueError(f"{field} must be a list of layer indices, got {value!r}")
+    return tuple(value)
+
 
 class ModelConfig(BaseModel):
     """Hyper-parameters of a decoder-only MoE transformer, named as in Hugging Face's configs.
@@ -73,25 +88,30 @@ class ModelConfig(BaseModel):
         Raises:
             ValueError: an unsupported ``model_type`` or a missing required key (named).
         """
+        if not isinstance(hf, dict):
+            raise ValueError(f"the top level must be an object, got {type(hf).__name__}")
         model_type = hf.get("model_type")
         if model_type not in ("qwen3_moe", "qwen2_moe"):
-            raise ValueError(f"config.json: model_type={model_type!r}; supported: 'qwen3_moe', 'qwen2_moe'")
+            raise ValueError(f"model_type={model_type!r}; supported: 'qwen3_moe', 'qwen2_moe'")
+        hf = {**HF_DEFAULTS, **hf}  # transformers' defaults for keys a config.json may omit
         experts = hf.get("num_experts", hf.get("num_local_experts"))
         rope = hf.get("rope_parameters") or {}
+        if not isinstance(rope, dict):
+            raise ValueError(f"rope_parameters must be an object, got {rope!r}")
         values = {
             "architecture": model_type,
             "num_experts": experts,
             "rope_theta": rope.get("rope_theta", hf.get("rope_theta", 10000.0)),
             "head_dim": hf.get("head_dim") or (hf.get("hidden_size", 0) // max(hf.get("num_attention_heads", 1), 1)),
             "shared_expert_intermediate_size": hf.get("shared_expert_intermediate_size", 0) or 0,
-            "mlp_only_layers": tuple(hf.get("mlp_only_layers") or ()),
+            "mlp_only_layers": _int_tuple("mlp_only_layers", hf.get("mlp_only_layers") or ()),
         }
         for key in cls.model_fields:
             if key not in values and key in hf:
                 values[key] = hf[key]
         missing = [k for k, f in cls.model_fields.items() if f.is_required() and values.get(k) is None]
         if missing:
-            raise ValueError(f"config.json: missing {', '.join(missing)}")
+            raise ValueError(f"missing {', '.join(missing)}")
         return cls(**values)
 
     def to_hf(self) -> dict[str, Any]:

@@ -30,7 +30,7 @@ def load_config(path: Path) -> ModelConfig:
     try:
         hf = json.loads(file.read_text())
         return ModelConfig.from_hf(hf)
-    except (json.JSONDecodeError, ValueError) as exc:
+    except (json.JSONDecodeError, ValueError, TypeError) as exc:
         raise ValueError(f"{file}: {exc}") from exc
 
 
@@ -80,7 +80,12 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
             state.update(read_safetensors(path / shard))
         return state
     single = path / "model.safetensors"
-    return dict(read_safetensors(single if single.is_file() else path))
+    state: dict[str, torch.Tensor] = {}
+    for name, tensor in read_safetensors(single if single.is_file() else path):
+        if name in state:
+            raise ValueError(f"{path}: tensor {name} appears in more than one *.safetensors file")
+        state[name] = tensor
+    return state
 
 
 def _listing(names: list[str], limit: int = 12) -> str:

@@ -76,7 +76,8 @@ class QuantizedMatmul(torch.autograd.Function):
             x_op, w_op, dy_dgrad, dy_wgrad = x.to(cd), weight.to(cd), dy, dy
             if plan.backward == "quantized":
                 dy_dgrad = fake_quantize(dy, ctx.fmt, plan)
-                w_op = fake_quantize(w_op.T, ctx.fmt, plan).T
+                # like every quantised weight, from its bf16 cast (DESIGN.md section 3)
+                w_op = fake_quantize(weight.to(torch.bfloat16).to(cd).T, ctx.fmt, plan).T
                 dy_wgrad = fake_quantize(dy.T, ctx.fmt, plan).T
                 x_op = fake_quantize(x_op.T, ctx.fmt, plan).T
         grad_x = linear(dy_dgrad, w_op.T).to(ctx.x_dtype) if ctx.needs_input_grad[0] else None

@@ -7,7 +7,9 @@ layout (``...mlp.experts.3.gate_proj.weight`` or the fused ``...mlp.experts.gate
 
 from __future__ import annotations
 
+import math
 import re
+from fractions import Fraction
 from typing import Literal
 
 import torch
@@ -22,8 +24,11 @@ _DENSE_MLP = re.compile(r"\.mlp\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
 def bf16_tail_layers(num_layers: int, fraction: float) -> int:
-    """Number of trailing decoder layers kept in BF16: ``floor(f * L + 0.5)`` (48 → 7, 20 → 3, 40 → 6)."""
-    return int(fraction * num_layers + 0.5)
+    """Number of trailing decoder layers kept in BF16: ``floor(f * L + 0.5)`` (48 → 7, 20 → 3, 40 → 6).
+
+    Evaluated exactly on the decimal the user wrote (``0.7 * 45 + 0.5`` is 32, not float's 31.999…).
+    """
+    return math.floor(Fraction(repr(float(fraction))) * num_layers + Fraction(1, 2))
 
 
 class PrecisionPlan(BaseModel):

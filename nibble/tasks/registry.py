@@ -28,4 +28,7 @@ def get_task(name: str, **options: object) -> Task:
         raise ValueError(
             f"task {name!r} has no option {', '.join(map(repr, unknown))}; its options: {', '.join(accepted)}"
         )
-    return cls(**options)
+    try:
+        return cls(**options)
+    except TypeError as exc:  # a missing required option, or a value of the wrong type
+        raise ValueError(f"task {name!r}: bad options {options!r} ({exc}); its options: {', '.join(accepted)}") from exc

@@ -50,7 +50,10 @@ def score(function: Callable[[str, str, str], object], request: dict) -> dict:
         return {"fail": "exception", "detail": f"{type(exc).__name__}: {exc}"}
     if not isinstance(value, numbers.Real):
         return {"fail": "not_a_number", "detail": f"returned {type(value).__name__}"}
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # e.g. an int like 10**400
+        return {"fail": "non_finite", "detail": "returned a number too large for a float"}
     if not math.isfinite(value):
         return {"fail": "non_finite", "detail": f"returned {value}"}
     return {"reward": value}

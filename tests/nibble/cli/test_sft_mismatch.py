@@ -10,7 +10,7 @@ import pytest
 NIBBLE = str(Path(sys.executable).with_name("nibble"))
 
 
-def run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+def run(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     return subprocess.run([NIBBLE, *args], capture_output=True, text=True, timeout=timeout)
 
 
