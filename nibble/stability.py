@@ -153,11 +153,26 @@ def precision_floor(
 
 
 def format_floor_from_measurement(
-    measured: float, *, bf16_floor: float, bf16_last_15: bool, bf16_shared_experts: bool
+    measured: float,
+    *,
+    key: str,
+    bf16_floor: float,
+    bf16_last_15: bool,
+    bf16_shared_experts: bool,
 ) -> float:
-    """Invert the plan factor of :func:`precision_floor`: the table floor ``f_format`` that makes the model
-    reproduce ``measured``, a floor observed under the given plan (the NVFP4 no-4/6 penalty is the
-    model's, not the format's, so it is not removed)."""
+    """Invert :func:`precision_floor`: the table floor ``f_format`` of format ``key`` (one of
+    :data:`FORMAT_KEYS` other than ``bf16``) that makes the model give exactly ``measured`` for the plan it
+    was measured under.
+
+    The whole model is inverted: for ``nvfp4`` (NVFP4 without four-over-six) the model adds 0.008 on top,
+    so it is taken off first; then the plan factor is divided out. The result can fall below
+    ``bf16_floor`` (a measurement below the BF16 floor, or below 0.008 for NVFP4 without 4/6); the model
+    cannot reproduce such a measurement, and ``nibble.simulator.calibrate`` clamps it (its docstring).
+    """
+    if key not in FORMAT_KEYS or key == "bf16":
+        raise ValueError(f"key={key!r} is not one of {', '.join(FORMAT_KEYS[1:])}")
+    if key == "nvfp4":
+        measured = measured - FLOOR_NO_FOUR_OVER_SIX_PENALTY
     return bf16_floor + (measured - bf16_floor) / plan_floor_factor(bf16_last_15, bf16_shared_experts)
 
 
@@ -235,12 +250,16 @@ def drift_fixed_points(m_eff: float, mean_spike: float = 0.0) -> tuple[float, fl
     """Fixed points ``(stable, unstable)`` of the drift map with spikes replaced by their mean, or ``None``.
 
     Solves ``0.65·m_eff·d² − 0.12·d + (6·m_eff + mean_spike) = 0``; no real root means the drift grows
-    without bound whatever its start. Needs ``m_eff > 0`` (every precision has a positive floor).
+    without bound whatever its start. ``m_eff = 0`` (a batch with no mismatch at all: a measured BF16 floor
+    of 0, no staleness) leaves the linear map ``d ← 0.88·d + mean_spike``, whose one fixed point
+    ``mean_spike / 0.12`` is stable (the unstable one is at infinity). Negative ``m_eff`` is an error.
     """
-    if m_eff <= 0:
-        raise ValueError(f"m_eff={m_eff} must be positive (the precision floor keeps it so)")
-    a = DRIFT_FEEDBACK * m_eff
+    if not m_eff >= 0:
+        raise ValueError(f"m_eff={m_eff} must be at least 0 (floors and staleness costs are not negative)")
     c = DRIFT_GAIN * m_eff + mean_spike
+    if m_eff == 0:
+        return c / DRIFT_DECAY, math.inf
+    a = DRIFT_FEEDBACK * m_eff
     disc = DRIFT_DECAY * DRIFT_DECAY - 4.0 * a * c
     if disc < 0:
         return None

@@ -11,6 +11,8 @@ import typer
 from nibble.cli.app import app, user_errors
 
 DEFAULT_OUT = Path("out/simulate")
+SINGLE_FILES = ("result.json", "simulation.png", "simulation.html")
+OPTIMIZE_FILES = ("frontier.json", "frontier.md")
 
 
 @app.command("simulate")
@@ -64,10 +66,34 @@ def simulate(
         num_samplers=num_samplers, steps=steps, seed=seed,
     )  # fmt: skip
     calibration = load(list(calibrate)) if calibrate else published()
+    # Before any work: a bad --out fails now, not after the run (or the whole --optimize search).
+    _prepare_out(out, OPTIMIZE_FILES if optimize else SINGLE_FILES)
     if optimize:
         _optimize(config, calibration, out, as_json, seeds=seeds, max_samplers=max_samplers, top=top)
     else:
         _single(config, calibration, out, as_json)
+
+
+def _prepare_out(out: Path, names: tuple[str, ...]) -> None:
+    """Create the output folder ``out`` and check that ``names`` can be written in it.
+
+    Raises:
+        ValueError: (exit 2) when ``out`` is a file, cannot be created, is not writable, or holds a folder
+            where one of ``names`` goes.
+    """
+    import tempfile
+
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as exc:
+        raise ValueError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
+    for name in names:
+        if (out / name).exists() and not (out / name).is_file():
+            raise ValueError(f"--out {out}: {out / name} is in the way (not a file)")
 
 
 def _single(config, calibration, out: Path, as_json: bool) -> None:
@@ -76,7 +102,6 @@ def _single(config, calibration, out: Path, as_json: bool) -> None:
     from nibble.simulator.plots import write_png
 
     result = simulate(config, calibration)
-    out.mkdir(parents=True, exist_ok=True)
     files = {
         "result": str(_write_json(out / "result.json", _result_record(result))),
         "png": str(write_png(result, out / "simulation.png")),
@@ -176,7 +201,6 @@ def _optimize(config, calibration, out: Path, as_json: bool, *, seeds: int, max_
         "frontier": [c.as_dict() for c in front],
         "calibration": calibration.as_dict(),
     }
-    out.mkdir(parents=True, exist_ok=True)
     _write_json(out / "frontier.json", record)
     (out / "frontier.md").write_text(optimize.markdown_table(front, top or None))
     if as_json:
@@ -202,3 +226,5 @@ def _print_frontier(optimize, front, record: dict, top: int) -> None:
     for row in optimize.frontier_rows(front[:top] if top else front):
         table.add_row(*row)
     _console().print(table)
+    if not front:
+        typer.echo("no configuration is stable on every seed: nothing is on the frontier")

@@ -7,6 +7,7 @@ No server, no network: the page references no URL and loads nothing.
 from __future__ import annotations
 
 import json
+import re
 from importlib import resources
 from pathlib import Path
 
@@ -24,13 +25,30 @@ def model_js() -> str:
     return asset("model.js")
 
 
+def script_json(value: object) -> str:
+    """``value`` as JSON safe to embed in a ``<script>`` element.
+
+    Inside ``<script>`` the HTML parser ends the element at ``</script`` and, after ``<!--``, treats a
+    ``<script`` as nesting, so a string holding them (a calibration's ``source``) could end the element
+    early or swallow the rest of the page. Every ``<``, ``>`` and ``&`` is written as its JSON escape
+    (``\\u003c``…), which means the same to ``JSON.parse`` and leaves no markup in the element.
+    """
+    data = json.dumps(value)
+    return data.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+# The template's placeholders, replaced in one pass so that no inserted text is scanned again.
+_PLACEHOLDERS = re.compile(r"\{\{DATA\}\}|/\*MODEL\*/|/\*PAGE\*/")
+
+
 def render(config: SimConfig, calibration: Calibration) -> str:
     """The page's HTML, starting at ``config``."""
-    data = json.dumps({"config": config.as_dict(), "calibration": calibration.as_dict()})
-    # Inside <script>, "</" could end the element early; "<\/" means the same to JSON.
-    data = data.replace("</", "<\\/")
-    html = asset("template.html")
-    return html.replace("{{DATA}}", data).replace("/*MODEL*/", model_js()).replace("/*PAGE*/", asset("page.js"))
+    parts = {
+        "{{DATA}}": script_json({"config": config.as_dict(), "calibration": calibration.as_dict()}),
+        "/*MODEL*/": model_js(),
+        "/*PAGE*/": asset("page.js"),
+    }
+    return _PLACEHOLDERS.sub(lambda match: parts[match.group(0)], asset("template.html"))
 
 
 def write_html(config: SimConfig, calibration: Calibration, path: Path) -> Path:

@@ -100,3 +100,29 @@ def test_table_keys_and_a_bad_precision_is_named():
     assert stability.PUBLISHED_TRAIN_SECONDS["mxfp8_dequantized"] == pytest.approx(64.3 * 0.837)
     with pytest.raises(ValueError, match="precision='fp8'"):
         stability.precision_floor("fp8")
+
+
+def test_no_mismatch_at_all_has_a_stable_fixed_point_and_a_negative_one_is_an_error():
+    # A measured BF16 floor of 0, synchronous: m = m_eff = 0; the map is d ← 0.88·d + mean spike.
+    assert stability.drift_fixed_points(0.0) == (0.0, math.inf)
+    assert stability.drift_fixed_points(0.0, 0.06) == (pytest.approx(0.5), math.inf)
+    assert not stability.will_diverge(0.0, 0.0) and not stability.will_diverge(5.0, 0.0)
+    assert stability.will_diverge(0.0, 0.0, mean_spike=0.3)  # fixed point 2.5 > 2.2
+    with pytest.raises(ValueError, match=r"m_eff=-0\.1 must be at least 0"):
+        stability.drift_fixed_points(-0.1)
+
+
+@pytest.mark.parametrize(
+    ("key", "last_15", "shared"),
+    list(itertools.product(("mxfp8", "nvfp4", "nvfp4_4o6"), (False, True), (False, True))),
+)
+def test_format_floor_from_measurement_inverts_the_whole_model(key, last_15, shared):
+    floors = dict(stability.PUBLISHED_FLOORS, bf16=0.004)
+    floors[key] = stability.format_floor_from_measurement(
+        0.037, key=key, bf16_floor=0.004, bf16_last_15=last_15, bf16_shared_experts=shared
+    )
+    precision = "nvfp4" if key == "nvfp4_4o6" else key
+    model = stability.precision_floor(
+        precision, four_over_six=key == "nvfp4_4o6", bf16_last_15=last_15, bf16_shared_experts=shared, floors=floors
+    )
+    assert model == pytest.approx(0.037, abs=1e-15)

@@ -63,8 +63,9 @@ const NibbleModel = (() => {
   }
   function willDiverge(drift, m, meanSpike) {
     const mEff = effectiveMismatch(m);
-    const a = DRIFT_FEEDBACK * mEff;
     const c = DRIFT_GAIN * mEff + meanSpike;
+    if (mEff === 0) return c / DRIFT_DECAY > COLLAPSE_DRIFT;  // linear map d ← 0.88·d + c: one, stable, fixed point
+    const a = DRIFT_FEEDBACK * mEff;
     const disc = DRIFT_DECAY * DRIFT_DECAY - 4.0 * a * c;
     if (disc < 0) return true;
     const root = Math.sqrt(disc);

@@ -10,6 +10,7 @@
   const CAL = DATA.calibration;
   const COLOURS = { bf16: "#1f77b4", mxfp8: "#2ca02c", nvfp4: "#d62728" };
   const ONOFF = [false, true];
+  const SEED_MAX = 4294967295, SEED_WINDOW = 1000;
   const KNOBS = [
     ["precision", "precision", ["bf16", "mxfp8", "nvfp4"]],
     ["four_over_six", "four-over-six (NVFP4)", ONOFF],
@@ -23,9 +24,15 @@
     ["horizon", "horizon", ["short", "medium", "long"]],
     ["num_samplers", "samplers", range(1, Math.max(64, DATA.config.num_samplers) + 1)],
     ["steps", "train steps", range(1, Math.max(1000, DATA.config.steps) + 1)],
-    ["seed", "seed", range(0, Math.max(999, DATA.config.seed) + 1)],
+    ["seed", "seed", seedWindow(DATA.config.seed)],
   ];
   function range(lo, hi) { const out = []; for (let v = lo; v < hi; v++) out.push(v); return out; }
+  // The seed slider spans SEED_WINDOW consecutive seeds around the current one, not all 2^32 of them (an
+  // array of every seed up to a large one would never finish); a URL seed outside it moves the window.
+  function seedWindow(seed) {
+    const lo = Math.max(0, Math.min(seed - SEED_WINDOW / 2 + 1, SEED_MAX - SEED_WINDOW + 1));
+    return range(lo, lo + SEED_WINDOW);
+  }
 
   const config = Object.assign({}, DATA.config);
   const sliders = {};
@@ -51,10 +58,11 @@
       slider.type = "range"; slider.min = 0; slider.max = values.length - 1; slider.step = 1;
       slider.id = "knob-" + name; slider.name = name;
       slider.value = Math.max(0, values.indexOf(config[name]));
+      const knob = { slider, values };
       const out = document.createElement("output");
-      const sync = () => { out.textContent = show(values[Number(slider.value)]); };
+      const sync = () => { out.textContent = show(knob.values[Number(slider.value)]); };
       slider.addEventListener("input", () => {
-        config[name] = values[Number(slider.value)];
+        config[name] = knob.values[Number(slider.value)];
         sync();
         recompute();
         writeHash();
@@ -63,7 +71,7 @@
       text.textContent = label;
       row.append(text, slider, out);
       box.append(row);
-      sliders[name] = { slider, values };
+      sliders[name] = knob;
     }
   }
 
@@ -74,9 +82,14 @@
     for (const part of hash.split("&")) {
       const [name, text] = part.split("=");
       const knob = sliders[name];
+      let moved = false;
+      if (name === "seed" && /^[0-9]+$/.test(text) && Number(text) <= SEED_MAX && parseValue(knob.values, text) < 0) {
+        knob.values = seedWindow(Number(text));  // a seed outside the slider's window: move the window to it
+        moved = true;
+      }
       const index = knob ? parseValue(knob.values, text) : -1;
       if (index < 0) { errors.push(part); continue; }
-      if (Number(knob.slider.value) !== index) {
+      if (moved || Number(knob.slider.value) !== index) {
         knob.slider.value = index;
         knob.slider.dispatchEvent(new Event("input"));  // the path a user's drag takes
       }

@@ -74,4 +74,57 @@ def test_a_bad_calibration_file_names_the_file_and_field(tmp_path):
     bad.write_text(json.dumps({"floors": {"nvfp4": "small"}}))
     result = run("--calibrate", str(bad), "--out", str(tmp_path))
     assert result.returncode == 2
-    assert f"{bad}: field 'floors.nvfp4' must be a positive finite number" in result.stderr
+    assert f"{bad}: field 'floors.nvfp4' must be a number in [0, 1]" in result.stderr
+
+
+@pytest.mark.parametrize("optimize", [False, True], ids=["run", "optimize"])
+@pytest.mark.parametrize("where", ["a-file", "under-a-file"])
+def test_an_out_that_is_a_file_or_cannot_be_made_exits_2_before_any_work(tmp_path, where, optimize):
+    (tmp_path / "taken").write_text("not a folder")
+    out = tmp_path / "taken" if where == "a-file" else tmp_path / "taken" / "sub"
+    result = run("--out", str(out), *(["--optimize", "--seeds", "1", "--max-samplers", "1"] if optimize else []))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    message = f"--out {out} is a file, not a folder" if where == "a-file" else f"--out {out}: cannot write there"
+    assert message in result.stderr
+    assert (tmp_path / "taken").read_text() == "not a folder"
+
+
+def test_optimize_checks_out_before_it_searches(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import nibble.cli.simulate  # noqa: F401  (registers the sub-command)
+    from nibble.cli.app import app
+    from nibble.simulator import optimize
+
+    def search(*args, **kwargs):
+        raise AssertionError("searched before checking --out")
+
+    monkeypatch.setattr(optimize, "search", search)
+    (tmp_path / "taken").write_text("")
+    result = CliRunner().invoke(app, ["simulate", "--optimize", "--out", str(tmp_path / "taken")])
+    assert result.exit_code == 2 and "is a file, not a folder" in result.output, result.output
+    (tmp_path / "out" / "frontier.json").mkdir(parents=True)  # a folder where a file goes
+    result = CliRunner().invoke(app, ["simulate", "--optimize", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "frontier.json is in the way (not a file)" in result.output, result.output
+
+
+def test_calibrate_reads_what_nibble_mismatch_writes_and_names_the_rows(tmp_path):
+    benchmark = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "mismatch.json"
+    printed = tmp_path / "rows.json"  # `nibble mismatch --json` prints the rows alone
+    printed.write_text(json.dumps(json.loads(benchmark.read_text())["rows"]))
+    for path in (benchmark, printed):
+        result = run("--steps", "20", "--precision", "bf16", "--max-staleness", "0", "--out", str(tmp_path / "out"),
+                     "--calibrate", str(path))  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert f"floors.bf16 = 0  <- {path}" in result.stdout
+        assert "rows[21] (plan 'nvfp4+4/6 tail15=on shared_bf16=off', trainer plain_bf16" in result.stdout
+
+
+def test_calibrated_floors_below_bf16_s_are_clamped_not_a_crash(tmp_path):
+    low = tmp_path / "low.json"
+    low.write_text(json.dumps({"floors": {"bf16": 0.5, "nvfp4_4o6": 0.01}}))
+    args = ("--optimize", "--steps", "10", "--seeds", "1", "--max-samplers", "1", "--out", str(tmp_path))
+    result = run(*args, "--calibrate", str(low))
+    assert result.returncode == 0, result.stderr
+    assert "clamped from 0.01 to floors.bf16 = 0.5" in result.stdout
+    assert "no configuration is stable on every seed" in result.stdout

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nibble.simulator import SimConfig, published, simulate
+from nibble.simulator import SimConfig, load, published, simulate
 from nibble.simulator.calibrate import Calibration
 from nibble.simulator.page import model_js, render, write_html
 from tests.helpers import NO_RECIPE, chromium_dom
@@ -28,10 +28,20 @@ EXTERNAL = re.compile(
 )
 
 
+# A calibration source that, embedded raw, would end the data's <script> early or swallow the page.
+HOSTILE = "<!--<script></script><b>&amp; /*MODEL*/ {{DATA}} /*PAGE*/"
+
+
 def calibrated() -> Calibration:
     cal = published()
     floors = dict(cal.floors, nvfp4_4o6=0.0281)
     return Calibration(floors, cal.rollout_seconds, cal.train_seconds, 3.5, cal.sources)
+
+
+def loaded(tmp_path: Path, floors: dict, source: str = "test") -> Calibration:
+    path = tmp_path / f"calibration-{len(list(tmp_path.iterdir()))}.json"
+    path.write_text(json.dumps({"source": source, "floors": floors, "step_seconds": {"weight_sync": 2.5}}))
+    return load([path])
 
 
 def python_record(config: SimConfig, calibration: Calibration) -> dict:
@@ -60,6 +70,11 @@ def test_the_page_references_no_url_and_loads_nothing():
 
 def test_the_javascript_model_agrees_with_python(tmp_path):
     runs = [(c, published()) for c in AGREEMENT_CONFIGS] + [(SimConfig(max_staleness=3), calibrated())]
+    # A measured BF16 floor of 0: synchronous BF16 has m = m_eff = 0, and NVFP4 + 4/6 with the
+    # high-precision backward too, with spikes (the drift map's linear case).
+    zero = loaded(tmp_path, {"bf16": 0.0, "nvfp4_4o6": 0.0, "mxfp8": 0.01})
+    runs += [(SimConfig(precision="bf16", max_staleness=0, steps=60), zero)]
+    runs += [(SimConfig(max_staleness=0, dequantized_backward=False, steps=60, seed=5), zero)]
     harness = tmp_path / "harness.html"
     script = f"""{model_js()}
 const runs = {json.dumps([[c.as_dict(), cal.as_dict()] for c, cal in runs])};
@@ -106,3 +121,45 @@ def test_moving_sliders_changes_the_curves(page):
 def test_the_committed_demo_page_is_current():
     committed = Path(__file__).resolve().parents[3] / "docs" / "simulator" / "simulation.html"
     assert committed.read_text() == render(SimConfig(), published()), "regenerate docs/simulator (README)"
+
+
+def data_block(page: str) -> str:
+    match = re.search(r'<script type="application/json" id="nibble-data">(.*?)</script>', page, re.S)
+    assert match
+    return match.group(1)
+
+
+def test_embedded_json_holds_no_markup_and_placeholders_in_it_stay_data(tmp_path):
+    cal = loaded(tmp_path, {"nvfp4_4o6": 0.03}, HOSTILE)
+    page = render(SimConfig(), cal)
+    block = data_block(page)
+    assert "<" not in block and ">" not in block and "&" not in block
+    assert json.loads(block) == {"config": SimConfig().as_dict(), "calibration": cal.as_dict()}
+    assert page.count("</script>") == 3 and page.count(model_js()) == 1
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        SimConfig(precision="mxfp8", max_staleness=2, steps=60, seed=2**32 - 1),  # the largest seed
+        SimConfig(max_staleness=3, horizon="long", steps=80, seed=200_000_000),  # calibrated, hostile source
+    ],
+    ids=["largest-seed", "calibrated"],
+)
+def test_pages_of_other_configs_show_python_s_numbers(tmp_path, config):
+    is_calibrated = config.seed != 2**32 - 1
+    cal = loaded(tmp_path, {"bf16": 0.0, "nvfp4_4o6": 0.025}, HOSTILE) if is_calibrated else published()
+    page = write_html(config, cal, tmp_path / "simulation.html")
+    dom = chromium_dom(page)
+    shown = dom_json(dom, "result")
+    assert shown["config"] == config.as_dict()
+    assert {k: shown[k] for k in ("summary", "drift", "mismatch", "reward", "ghosts")} == python_record(config, cal)
+    # The seed slider spans 1000 seeds around the page's own, not every seed up to it.
+    slider = re.search(r'<input type="range"[^>]*max="(\d+)"[^>]*id="knob-seed"', dom)
+    assert slider and slider.group(1) == "999", slider
+    if is_calibrated:
+        assert f"[{HOSTILE}]: floors.nvfp4_4o6" in html.unescape(dom)  # shown as text in the sources table
+    # A seed from the URL outside the slider's window moves the window to it.
+    moved = dom_json(chromium_dom(page, "seed=7"), "result")
+    assert moved["config"]["seed"] == 7
+    assert moved["summary"] == python_record(config.with_(seed=7), cal)["summary"]
