@@ -130,7 +130,7 @@ def encode(
     plan: str,
     quantized: bool,
     chunk_bytes: int = MAX_CHUNK_BYTES,
-    sink: Callable[[memoryview], object] | None = None,
+    on_chunk: Callable[[int, list[memoryview], str], object] | None = None,
 ) -> tuple[pb.WeightManifest, list[str]]:
     """One pass over ``state``'s bytes: the manifest and each chunk's checksum (sha256 hex).
 
@@ -140,21 +140,22 @@ def encode(
         plan: the precision plan as JSON (``PrecisionPlan.model_dump_json()``).
         quantized: whether ``state`` is weight-sync's quantised form.
         chunk_bytes: chunk size (bytes), at most :data:`MAX_CHUNK_BYTES`.
-        sink: called with every piece of the payload in order (e.g. a file's ``write``).
+        on_chunk: called with each chunk's index, views (see :func:`chunk_views`) and checksum, in order
+            (e.g. to write :func:`chunk_frame_prefix` and the views to a file).
     Raises:
         ValueError: an unsupported dtype or chunk size.
     """
     metas, total = layout(state)
     whole = hashlib.sha256()
     checksums = []
-    for views in chunk_views(state, metas, chunk_bytes):
+    for index, views in enumerate(chunk_views(state, metas, chunk_bytes)):
         chunk = hashlib.sha256()
         for view in views:
             chunk.update(view)
             whole.update(view)
-            if sink is not None:
-                sink(view)
         checksums.append(chunk.hexdigest())
+        if on_chunk is not None:
+            on_chunk(index, views, checksums[-1])
     manifest = pb.WeightManifest(
         policy_version=version,
         tensors=metas,
@@ -167,6 +168,27 @@ def encode(
     return manifest, checksums
 
 
+def stream_frames(
+    version: int,
+    state: dict[str, torch.Tensor],
+    plan: str,
+    *,
+    quantized: bool = False,
+    chunk_bytes: int = MAX_CHUNK_BYTES,
+) -> Iterator[bytes]:
+    """The stream of one version as serialised ``WeightStreamItem`` messages: the manifest, then every
+    chunk in order (see :func:`encode`). Each chunk's bytes are copied once, into its message.
+
+    The bytes are read twice (checksums first, because the manifest leads).
+    """
+    state = {name: _cpu(tensor) for name, tensor in state.items()}
+    manifest, checksums = encode(state, version=version, plan=plan, quantized=quantized, chunk_bytes=chunk_bytes)
+    yield pb.WeightStreamItem(manifest=manifest).SerializeToString()
+    for index, views in enumerate(chunk_views(state, list(manifest.tensors), chunk_bytes)):
+        size = sum(view.nbytes for view in views)
+        yield b"".join([chunk_frame_prefix(version, index, checksums[index], size), *views])
+
+
 def stream_items(
     version: int,
     state: dict[str, torch.Tensor],
@@ -175,16 +197,36 @@ def stream_items(
     quantized: bool = False,
     chunk_bytes: int = MAX_CHUNK_BYTES,
 ) -> Iterator[pb.WeightStreamItem]:
-    """The stream of one version: the manifest, then every chunk in order (see :func:`encode`).
+    """The stream of one version as messages: the manifest first, then every chunk in order."""
+    for frame in stream_frames(version, state, plan, quantized=quantized, chunk_bytes=chunk_bytes):
+        yield pb.WeightStreamItem.FromString(frame)
 
-    The bytes are read twice (checksums first, because the manifest leads) and copied once per chunk.
-    """
-    state = {name: _cpu(tensor) for name, tensor in state.items()}
-    manifest, checksums = encode(state, version=version, plan=plan, quantized=quantized, chunk_bytes=chunk_bytes)
-    yield pb.WeightStreamItem(manifest=manifest)
-    for index, views in enumerate(chunk_views(state, list(manifest.tensors), chunk_bytes)):
-        chunk = pb.WeightChunk(policy_version=version, index=index, data=b"".join(views), checksum=checksums[index])
-        yield pb.WeightStreamItem(chunk=chunk)
+
+def chunk_frame_prefix(version: int, index: int, checksum: str, size: int) -> bytes:
+    """The bytes of a serialised ``WeightStreamItem`` holding a chunk, up to its ``size`` bytes of data:
+    ``prefix + data`` is the whole message. Building messages this way copies the data once, where
+    constructing and serialising a protobuf message copies it twice (the fetch path's main cost)."""
+    head = pb.WeightChunk(policy_version=version, index=index, checksum=checksum).SerializeToString()
+    head += _CHUNK_DATA_KEY + _varint(size)
+    return _ITEM_CHUNK_KEY + _varint(len(head) + size) + head
+
+
+def pass_frames(message: pb.WeightStreamItem | bytes) -> bytes:
+    """A gRPC serializer for weight streams: serialised messages (frames) pass through as they are."""
+    return message if isinstance(message, bytes) else message.SerializeToString()
+
+
+_ITEM_CHUNK_KEY = bytes([2 << 3 | 2])  # WeightStreamItem.chunk: field 2, length-delimited
+_CHUNK_DATA_KEY = bytes([3 << 3 | 2])  # WeightChunk.data: field 3, length-delimited
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def check_chunk_bytes(chunk_bytes: int) -> None:

@@ -24,7 +24,8 @@ from nibble.transport.weights import (
     MAX_CHUNK_BYTES,
     WeightAssembler,
     layout,
-    stream_items,
+    pass_frames,
+    stream_frames,
 )
 from nibble.wire import pb, rpc
 
@@ -128,7 +129,11 @@ class WeightPublisherClient(_Client):
             target, token, ca_file=ca_file, rpc_timeout=rpc_timeout, stream_timeout=stream_timeout, attempts=attempts
         )
         self.chunk_bytes = chunk_bytes
-        self._publisher = rpc.WeightPublisherStub(self._channel)
+        self._publish = self._channel.stream_unary(  # the generated stub, but sending pre-serialised frames
+            f"/{pb.DESCRIPTOR.services_by_name['WeightPublisher'].full_name}/PublishWeights",
+            request_serializer=pass_frames,
+            response_deserializer=pb.PublishReply.FromString,
+        )
 
     def publish(self, version: int, state: dict[str, torch.Tensor], plan: PrecisionPlan) -> pb.PublishReply:
         """Stream ``state`` as ``version`` and wait until weight-sync has verified, quantised and stored it.
@@ -149,17 +154,15 @@ class WeightPublisherClient(_Client):
         calls: list[grpc.Future] = []
         watchdog = StallWatchdog(self.rpc_timeout, lambda: calls[0].cancel())
 
-        def items() -> Iterator[pb.WeightStreamItem]:
-            for index, item in enumerate(stream_items(version, state, plan_json, chunk_bytes=self.chunk_bytes)):
+        def frames() -> Iterator[bytes]:
+            for index, frame in enumerate(stream_frames(version, state, plan_json, chunk_bytes=self.chunk_bytes)):
                 if index == 0:
                     watchdog.start()  # armed once the manifest (hashing the whole payload first) is ready
-                yield item
+                yield frame
                 watchdog.progress()  # the previous item was taken: flow control let it through
             watchdog.stop()  # the server now verifies and quantises: only the whole-call deadline applies
 
-        calls.append(
-            self._publisher.PublishWeights.future(items(), timeout=self.stream_timeout, metadata=self._metadata)
-        )
+        calls.append(self._publish.future(frames(), timeout=self.stream_timeout, metadata=self._metadata))
         try:
             return calls[0].result()
         except grpc.FutureCancelledError:

@@ -22,7 +22,7 @@ class WeightSyncMetrics:
         self._version = Gauge("nibble_policy_version", "weight version held", ["role"], registry=r)
         self._bytes = Counter(
             "nibble_weight_bytes",
-            "bytes moved for weights (direction: received from the trainer, sent to samplers)",
+            "bytes moved for weights: chunk data received from the trainer, chunk messages sent to samplers",
             ["role", "direction"],
             registry=r,
         )

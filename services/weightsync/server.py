@@ -23,7 +23,7 @@ from nibble.recipe.export import quantize_state
 from nibble.recipe.plan import PrecisionPlan
 from nibble.transport.auth import FETCH_TOKEN_ENV, PUBLISH_TOKEN_ENV, BearerTokenInterceptor, read_token
 from nibble.transport.grpc_util import add_port, server_options
-from nibble.transport.weights import WeightAssembler, WeightRejected
+from nibble.transport.weights import WeightAssembler, WeightRejected, pass_frames
 from nibble.weightsync import quality
 from nibble.weightsync.metrics import WeightSyncMetrics
 from nibble.weightsync.store import WeightStore
@@ -55,27 +55,27 @@ class WeightSync:
         self._publish_lock = threading.Lock()
 
     def publish(self, items: Iterator[pb.WeightStreamItem]) -> pb.PublishReply:
-        """Verify, quantise, persist, announce one publication.
+        """Verify, quantise, persist, announce one publication; then measure the quantisation's quality
+        (off the samplers' path, before the trainer's reply).
 
         Raises:
             WeightRejected: anything that fails; nothing of it is stored or announced.
         """
         try:
             manifest, tensors, plan = self._receive(items)
-            published_at = time.time()
+            received = time.time()
             try:
                 quantized = quantize_state(tensors, plan)
             except ValueError as exc:
                 raise WeightRejected("bad_tensor", str(exc)) from None
-            measured = quality.measure(tensors, quantized, plan)
-            version = manifest.policy_version
+            quantized_at = time.time()
             with self._publish_lock:
-                self._check_newer(version)
+                self._check_newer(manifest.policy_version)
                 stored = self.store.put(
-                    version,
+                    manifest.policy_version,
                     quantized,
                     plan=manifest.plan,
-                    published_at=published_at,
+                    published_at=received,
                     chunk_bytes=self.config.chunk_bytes,
                 )
         except WeightRejected as exc:
@@ -83,14 +83,16 @@ class WeightSync:
             log.warning("publication rejected: %s", exc)
             raise
         self.metrics.set_version(self.store.latest())
-        self.metrics.set_quality(measured.rel_error, measured.four_over_six_fraction)
         with self._changed:
             self._changed.notify_all()
         log.info(
-            "version %d stored and announced: %d bytes published, %d served, %.1f s after the last chunk",
-            version, manifest.total_bytes, stored.manifest.total_bytes, time.time() - published_at,
+            "version %d announced: %d bytes published, %d served; quantised in %.2f s, stored in %.2f s",
+            stored.version, manifest.total_bytes, stored.manifest.total_bytes,
+            quantized_at - received, time.time() - quantized_at,
         )  # fmt: skip
-        return pb.PublishReply(policy_version=version, bytes_received=manifest.total_bytes)
+        measured = quality.measure(tensors, quantized, plan)
+        self.metrics.set_quality(measured.rel_error, measured.four_over_six_fraction)
+        return pb.PublishReply(policy_version=stored.version, bytes_received=manifest.total_bytes)
 
     def _receive(
         self, items: Iterator[pb.WeightStreamItem]
@@ -137,16 +139,17 @@ class WeightSync:
                 yield announcement
                 last = announcement.policy_version
 
-    def fetch(self, version: int) -> Iterator[pb.WeightStreamItem]:
-        """The stream of a held version.
+    def fetch(self, version: int) -> Iterator[bytes]:
+        """The stream of a held version, as serialised messages (manifest first).
 
         Raises:
             KeyError: ``version`` is not held.
         """
-        for item in self.store.open_stream(version):
-            yield item
-            if item.HasField("chunk"):
-                self.metrics.add_bytes("sent", len(item.chunk.data))
+        frames = self.store.open_stream(version)
+        yield next(frames)
+        for frame in frames:
+            yield frame
+            self.metrics.add_bytes("sent", len(frame))
 
     def versions(self) -> pb.GetVersionReply:
         held = self.store.versions()
@@ -245,7 +248,7 @@ class WeightSyncServer:
         rpc.add_WeightPublisherServicer_to_server(PublisherServicer(self.sync), publish)
         rpc.add_WeightSyncServicer_to_server(SyncServicer(self.sync, versions_only=True), publish)
         samplers = self._server("fetch")
-        rpc.add_WeightSyncServicer_to_server(SyncServicer(self.sync), samplers)
+        _add_weight_sync(SyncServicer(self.sync), samplers)
         tls = {"cert_file": c.tls_cert_file, "key_file": c.tls_key_file}
         self.publish_port = add_port(publish, _address(c.host, c.publish_port), **tls)
         self.port = add_port(samplers, _address(c.host, c.port), **tls)
@@ -281,6 +284,27 @@ class WeightSyncServer:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         self._servers.append(server)
         return server
+
+
+def _add_weight_sync(servicer: SyncServicer, server: grpc.Server) -> None:
+    """The generated ``add_WeightSyncServicer_to_server``, except that FetchWeights sends the chunk
+    messages as the store holds them, already serialised (one read per chunk, no re-encoding)."""
+    handlers = {
+        "WatchVersions": grpc.unary_stream_rpc_method_handler(
+            servicer.WatchVersions,
+            request_deserializer=pb.WatchRequest.FromString,
+            response_serializer=pb.VersionAnnouncement.SerializeToString,
+        ),
+        "FetchWeights": grpc.unary_stream_rpc_method_handler(
+            servicer.FetchWeights, request_deserializer=pb.FetchRequest.FromString, response_serializer=pass_frames
+        ),
+        "GetVersion": grpc.unary_unary_rpc_method_handler(
+            servicer.GetVersion,
+            request_deserializer=pb.GetVersionRequest.FromString,
+            response_serializer=pb.GetVersionReply.SerializeToString,
+        ),
+    }
+    server.add_registered_method_handlers(pb.DESCRIPTOR.services_by_name["WeightSync"].full_name, handlers)
 
 
 def _address(host: str, port: int) -> str:

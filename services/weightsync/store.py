@@ -1,8 +1,9 @@
 """The versioned weight store on disk: each version's quantised payload, manifest and chunk checksums.
 
-One directory per version, ``v<version, 20 digits>/`` holding ``payload.bin`` (the raw payload),
-``manifest.pb`` (the serialised ``WeightManifest``) and ``chunks.json`` (chunk size, every chunk's
-sha256, the publication time). A version is written under a ``.tmp-*`` name, synced, and renamed into
+One directory per version, ``v<version, 20 digits>/`` holding ``manifest.pb`` (the serialised
+``WeightManifest``), ``chunks.bin`` (every chunk as its serialised ``WeightStreamItem``, back to back,
+so serving a chunk is one read and no re-encoding) and ``index.json`` (each chunk message's length
+in bytes, the publication time). A version is written under a ``.tmp-*`` name, synced, and renamed into
 place, so a crash leaves either the whole version or nothing. On start-up every held version is
 verified again (a version whose bytes no longer match moves to ``.corrupt-*`` and is not served), and
 only the last ``keep_versions`` are kept.
@@ -27,12 +28,12 @@ from typing import BinaryIO
 import torch
 from google.protobuf.message import DecodeError
 
-from nibble.transport.weights import check_chunk_bytes, encode
+from nibble.transport.weights import check_chunk_bytes, chunk_frame_prefix, encode
 from nibble.wire import pb
 
 log = logging.getLogger(__name__)
 
-PAYLOAD, MANIFEST, CHUNKS = "payload.bin", "manifest.pb", "chunks.json"
+MANIFEST, CHUNKS, INDEX = "manifest.pb", "chunks.bin", "index.json"
 _VERSION_DIR = re.compile(r"^v(\d{20})$")
 
 
@@ -42,8 +43,7 @@ class StoredVersion:
 
     path: Path
     manifest: pb.WeightManifest
-    checksums: tuple[str, ...]
-    chunk_bytes: int
+    frame_lengths: tuple[int, ...]  # bytes of each chunk's serialised message in chunks.bin
     published_at: float
 
     @property
@@ -106,30 +106,39 @@ class WeightStore:
             raise ValueError(f"version {version} is not above the newest held ({self.latest()})")
         tmp = self.root / f".tmp-{_dirname(version)}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
+        lengths: list[int] = []
         try:
-            with open(tmp / PAYLOAD, "wb") as handle:
-                manifest, checksums = encode(
-                    state, version=version, plan=plan, quantized=True, chunk_bytes=chunk_bytes, sink=handle.write
+            with open(tmp / CHUNKS, "wb") as handle:
+
+                def write(index: int, views: list[memoryview], checksum: str) -> None:
+                    size = sum(view.nbytes for view in views)
+                    prefix = chunk_frame_prefix(version, index, checksum, size)
+                    handle.write(prefix)
+                    for view in views:
+                        handle.write(view)
+                    lengths.append(len(prefix) + size)
+
+                manifest, _ = encode(
+                    state, version=version, plan=plan, quantized=True, chunk_bytes=chunk_bytes, on_chunk=write
                 )
                 _sync(handle)
-            chunks = {"chunk_bytes": chunk_bytes, "checksums": checksums, "published_at": published_at}
             _write_synced(tmp / MANIFEST, manifest.SerializeToString())
-            _write_synced(tmp / CHUNKS, json.dumps(chunks).encode())
+            _write_synced(tmp / INDEX, json.dumps({"frame_lengths": lengths, "published_at": published_at}).encode())
             final = self.root / _dirname(version)
             os.rename(tmp, final)
             _sync_dir(self.root)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        stored = StoredVersion(final, manifest, tuple(checksums), chunk_bytes, published_at)
+        stored = StoredVersion(final, manifest, tuple(lengths), published_at)
         with self._lock:
             self._held[version] = stored
         self._prune()
         return stored
 
-    def open_stream(self, version: int) -> Iterator[pb.WeightStreamItem]:
-        """The stream items of ``version`` (manifest, then chunks read from disk). The payload file is
-        opened now, so pruning the version meanwhile does not cut the stream short.
+    def open_stream(self, version: int) -> Iterator[bytes]:
+        """The stream of ``version`` as serialised ``WeightStreamItem`` messages (manifest, then chunks
+        read from disk). The file is opened now, so pruning the version meanwhile does not cut it short.
 
         Raises:
             KeyError: ``version`` is not held.
@@ -138,7 +147,7 @@ class WeightStore:
             stored = self._held.get(version)
             if stored is None:
                 raise KeyError(version)
-            handle = open(stored.path / PAYLOAD, "rb")  # noqa: SIM115 (closed by the generator)
+            handle = open(stored.path / CHUNKS, "rb")  # noqa: SIM115 (closed by the generator)
         return _stream(stored, handle)
 
     def _prune(self) -> None:
@@ -177,47 +186,43 @@ def _dirname(version: int) -> str:
 def _verify(path: Path) -> StoredVersion:
     """Read a version directory back and check every chunk and the digest."""
     manifest = pb.WeightManifest.FromString((path / MANIFEST).read_bytes())
-    chunks = json.loads((path / CHUNKS).read_text())
-    stored = StoredVersion(
-        path, manifest, tuple(chunks["checksums"]), int(chunks["chunk_bytes"]), float(chunks["published_at"])
-    )
-    if path.name != _dirname(stored.version):
-        raise ValueError(f"holds version {stored.version}")
+    index = json.loads((path / INDEX).read_text())
+    stored = StoredVersion(path, manifest, tuple(int(n) for n in index["frame_lengths"]), float(index["published_at"]))
+    if path.name != _dirname(stored.version) or len(stored.frame_lengths) != manifest.chunk_count:
+        raise ValueError(f"holds version {stored.version} in {len(stored.frame_lengths)} chunks")
     whole = hashlib.sha256()
-    with open(path / PAYLOAD, "rb") as handle:
-        count = 0
-        for index, item in enumerate(_chunk_items(stored, handle)):
-            if hashlib.sha256(item.data).hexdigest() != item.checksum:
-                raise ValueError(f"chunk {index} does not match its checksum")
-            whole.update(item.data)
-            count += 1
+    with open(path / CHUNKS, "rb") as handle:
+        for number, frame in enumerate(_frames(stored, handle)):
+            chunk = pb.WeightStreamItem.FromString(frame).chunk
+            if (chunk.index, chunk.policy_version) != (number, stored.version):
+                raise ValueError(f"chunk {number} holds chunk {chunk.index} of version {chunk.policy_version}")
+            if hashlib.sha256(chunk.data).hexdigest() != chunk.checksum:
+                raise ValueError(f"chunk {number} does not match its checksum")
+            whole.update(chunk.data)
         if handle.read(1):
-            raise ValueError("payload longer than its manifest")
-    if count != manifest.chunk_count or whole.hexdigest() != manifest.digest:
-        raise ValueError("payload does not match its manifest's digest")
+            raise ValueError(f"{CHUNKS} is longer than its index")
+    if whole.hexdigest() != manifest.digest:
+        raise ValueError("the chunks do not match the manifest's digest")
     return stored
 
 
-def _stream(stored: StoredVersion, handle: BinaryIO) -> Iterator[pb.WeightStreamItem]:
+def _stream(stored: StoredVersion, handle: BinaryIO) -> Iterator[bytes]:
     with handle:
-        yield pb.WeightStreamItem(manifest=stored.manifest)
-        for chunk in _chunk_items(stored, handle):
-            yield pb.WeightStreamItem(chunk=chunk)
+        yield pb.WeightStreamItem(manifest=stored.manifest).SerializeToString()
+        yield from _frames(stored, handle)
 
 
-def _chunk_items(stored: StoredVersion, handle: BinaryIO) -> Iterator[pb.WeightChunk]:
-    """Every chunk of ``stored`` read from ``handle`` with its stored checksum.
+def _frames(stored: StoredVersion, handle: BinaryIO) -> Iterator[bytes]:
+    """Every chunk message of ``stored``, read from ``handle``.
 
     Raises:
         ValueError: the file ends early.
     """
-    total = stored.manifest.total_bytes
-    for index, checksum in enumerate(stored.checksums):
-        size = min(stored.chunk_bytes, total - index * stored.chunk_bytes)
-        data = handle.read(size)
-        if size <= 0 or len(data) != size:
-            raise ValueError(f"{stored.path / PAYLOAD}: ends in chunk {index}")
-        yield pb.WeightChunk(policy_version=stored.version, index=index, data=data, checksum=checksum)
+    for index, length in enumerate(stored.frame_lengths):
+        frame = handle.read(length)
+        if len(frame) != length:
+            raise ValueError(f"{stored.path / CHUNKS}: ends in chunk {index}")
+        yield frame
 
 
 def _sync(handle: BinaryIO) -> None:
