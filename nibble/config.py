@@ -91,6 +91,9 @@ class WeightSyncConfig(Section):
         64, ge=4, description="gRPC worker threads per port: bounds concurrent watches + fetches (one thread each)"
     )
     shutdown_grace_seconds: float = Field(5.0, ge=0, description="on SIGTERM, in-flight RPCs get this long to finish")
+    threads: int = Field(
+        1, ge=1, description="torch threads for quantisation (more than the free cores slows it down many times)"
+    )
 
     @model_validator(mode="after")
     def _ports_differ(self) -> WeightSyncConfig:

@@ -36,8 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
 
-    from nibble.weightsync.server import WeightSyncServer  # torch loads here, after the config is known good
+    import torch  # loads here, after the config is known good
 
+    from nibble.weightsync.server import WeightSyncServer
+
+    torch.set_num_threads(config.threads)
     try:
         server = WeightSyncServer(config)
         server.start()

@@ -2,6 +2,8 @@
 
 import hashlib
 import queue
+import shutil
+import subprocess
 import urllib.request
 
 import grpc
@@ -11,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from nibble.model import MoETransformer, tiny
 from nibble.recipe.export import load_sampler_state, quantize_state
-from nibble.transport import WeightRejected, stream_items
+from nibble.transport import WeightPublisherClient, WeightRejected, WeightSubscriber, stream_items
 from nibble.transport.grpc_util import open_channel
 from nibble.wire import pb
 from tests.weightsync.conftest import FETCH_TOKEN, PUBLISH_TOKEN
@@ -128,7 +130,10 @@ def test_tokens_are_required_and_separate(harness, trainer, state):
         with pytest.raises(grpc.RpcError) as info:
             harness.subscriber(server, token=token).latest_version()
         assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    assert server.metrics.value("nibble_rejected_total", reason="bad_token") == 5
+    with pytest.raises(grpc.RpcError) as info:
+        next_version(harness.watch(harness.subscriber(server, token="wrong")))
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED  # watching gives up: retrying cannot help
+    assert server.metrics.value("nibble_rejected_total", reason="bad_token") == 6
     assert harness.subscriber(server).latest_version() == 0
 
 
@@ -204,3 +209,25 @@ def test_the_subscriber_verifies_what_it_fetches(harness, trainer, state, monkey
     monkeypatch.setattr(server.sync.store, "open_stream", tampered)
     with pytest.raises(WeightRejected, match="bad_checksum"):
         harness.subscriber(server).fetch(1)
+
+
+def test_tls_round_trip_and_plaintext_is_refused(harness, trainer, state, tmp_path):
+    if shutil.which("openssl") is None:
+        pytest.fail("the TLS test needs the openssl command (Debian's openssl package)")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    server = harness.start(tls_cert_file=cert, tls_key_file=key)
+    publisher = WeightPublisherClient(f"localhost:{server.publish_port}", PUBLISH_TOKEN, ca_file=cert, attempts=1)
+    subscriber = WeightSubscriber(f"localhost:{server.port}", FETCH_TOKEN, ca_file=cert, attempts=1)
+    harness.clients += [publisher, subscriber]
+    publisher.publish(1, state, trainer[1])
+    manifest, _ = subscriber.fetch(1)
+    assert manifest.policy_version == 1
+    with pytest.raises(grpc.RpcError) as info:
+        harness.subscriber(server, attempts=1, rpc_timeout=5).latest_version()
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
