@@ -138,6 +138,9 @@ class WeightPublisherClient(_Client):
     def publish(self, version: int, state: dict[str, torch.Tensor], plan: PrecisionPlan) -> pb.PublishReply:
         """Stream ``state`` as ``version`` and wait until weight-sync has verified, quantised and stored it.
 
+        A publication whose reply was lost and that is retried answers ``FAILED_PRECONDITION`` (the
+        version is held already); :meth:`latest_version` tells the two cases apart.
+
         Raises:
             ValueError: a tensor of a dtype weights cannot travel as.
             grpc.RpcError: ``FAILED_PRECONDITION`` for a version not above the latest held,

@@ -182,6 +182,9 @@ class PublisherServicer(rpc.WeightPublisherServicer):
             return self.sync.publish(request_iterator)
         except WeightRejected as exc:
             context.abort(_STATUS.get(exc.reason, grpc.StatusCode.INVALID_ARGUMENT), str(exc))
+        except OSError as exc:  # the store could not write (disk full, permissions): nothing was announced
+            log.error("storing a publication failed: %s", exc)
+            context.abort(grpc.StatusCode.INTERNAL, f"weight-sync could not store the version: {exc.strerror}")
 
 
 class SyncServicer(rpc.WeightSyncServicer):
