@@ -95,6 +95,16 @@ class WeightSyncConfig(Section):
     tls_ca_file: Path | None = Field(None, description="clients: CA that signed the server certificate")
     rpc_timeout_seconds: float = Field(60.0, gt=0, description="deadline of unary RPCs and of each chunk")
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus /metrics; 0 = any free port")
+    max_payload_bytes: int = Field(
+        128 * 1024**3, ge=1, description="largest publication accepted (bytes); its buffer is allocated up front"
+    )
+    server_threads: int = Field(
+        64, ge=4, description="gRPC worker threads per port: bounds concurrent watches + fetches (one thread each)"
+    )
+    shutdown_grace_seconds: float = Field(5.0, ge=0, description="on SIGTERM, in-flight RPCs get this long to finish")
+    threads: int = Field(
+        1, ge=1, description="torch threads for quantisation (more than the free cores slows it down many times)"
+    )
 
     @model_validator(mode="after")
     def _ports_differ(self) -> WeightSyncConfig:

@@ -1,0 +1,96 @@
+"""Weight-sync test fixtures: real servers on loopback (port 0), clients with tokens, a tiny trainer model."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+
+from nibble.config import WeightSyncConfig
+from nibble.model import MoETransformer, tiny
+from nibble.recipe import PrecisionPlan
+from nibble.recipe.export import published_state
+from nibble.transport import WeightPublisherClient, WeightSubscriber, bearer_metadata
+from nibble.transport.grpc_util import open_channel
+from nibble.weightsync.server import WeightSyncServer
+from nibble.wire import pb, rpc
+
+PUBLISH_TOKEN, FETCH_TOKEN = "publish-secret", "fetch-secret"
+TOKENS = {"NIBBLE_PUBLISH_TOKEN": PUBLISH_TOKEN, "NIBBLE_FETCH_TOKEN": FETCH_TOKEN}
+
+
+class Harness:
+    """Starts servers on one store directory and hands out clients; stops everything afterwards."""
+
+    def __init__(self, store_dir: Path):
+        self.store_dir = store_dir
+        self.servers: list[WeightSyncServer] = []
+        self.clients: list = []
+
+    def start(self, **config) -> WeightSyncServer:
+        settings = {"port": 0, "publish_port": 0, "store_dir": self.store_dir, "chunk_bytes": 64 * 1024, **config}
+        server = WeightSyncServer(WeightSyncConfig(**settings), environ=TOKENS)
+        server.start()
+        self.servers.append(server)
+        return server
+
+    def publisher(self, server: WeightSyncServer, token: str | None = PUBLISH_TOKEN) -> WeightPublisherClient:
+        client = WeightPublisherClient(f"127.0.0.1:{server.publish_port}", token, chunk_bytes=16 * 1024, attempts=1)
+        self.clients.append(client)
+        return client
+
+    def subscriber(self, server: WeightSyncServer, token: str | None = FETCH_TOKEN, **kwargs) -> WeightSubscriber:
+        client = WeightSubscriber(f"127.0.0.1:{server.port}", token, **kwargs)
+        self.clients.append(client)
+        return client
+
+    def watch(self, subscriber: WeightSubscriber, after: int = 0) -> queue.Queue:
+        """Versions announced to ``subscriber``, collected by a background thread."""
+        seen: queue.Queue = queue.Queue()
+
+        def run():
+            try:
+                for announcement in subscriber.watch(after):
+                    seen.put(announcement.policy_version)
+            except grpc.RpcError as exc:
+                seen.put(exc)
+
+        threading.Thread(target=run, daemon=True).start()
+        return seen
+
+    def raw_publish(self, server: WeightSyncServer, items: Iterable[pb.WeightStreamItem], token=PUBLISH_TOKEN):
+        """Send hand-made stream items (to corrupt them); returns the reply or raises grpc.RpcError."""
+        with open_channel(f"127.0.0.1:{server.publish_port}") as channel:
+            stub = rpc.WeightPublisherStub(channel)
+            return stub.PublishWeights(iter(list(items)), metadata=bearer_metadata(token), timeout=30)
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+        for server in self.servers:
+            server.stop(0)
+
+
+@pytest.fixture
+def harness(tmp_path):
+    harness = Harness(tmp_path / "store")
+    yield harness
+    harness.close()
+
+
+@pytest.fixture(scope="module")
+def trainer() -> tuple[MoETransformer, PrecisionPlan]:
+    torch.manual_seed(0)
+    config = tiny(vocab_size=32)
+    plan = PrecisionPlan(num_layers=config.num_hidden_layers)
+    return MoETransformer(config, plan), plan
+
+
+@pytest.fixture(scope="module")
+def state(trainer) -> dict[str, torch.Tensor]:
+    return published_state(trainer[0])
