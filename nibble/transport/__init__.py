@@ -8,7 +8,13 @@ from nibble.transport.connection import RedisUnavailable, connect, read_password
 from nibble.transport.stream import StreamEntry, TrajectoryReader, TrajectoryWriter, undelivered
 from nibble.transport.validate import REASONS, reason_code, validate_group
 from nibble.transport.weights import WeightAssembler, WeightRejected, stream_items
-from nibble.transport.weights_client import StreamStalled, WeightPublisherClient, WeightSubscriber
+from nibble.transport.weights_client import (
+    StreamStalled,
+    WeightPublisherClient,
+    WeightSubscriber,
+    publisher_from_config,
+    subscriber_from_config,
+)
 
 __all__ = [
     "REASONS",
@@ -26,11 +32,13 @@ __all__ = [
     "allowed_groups",
     "bearer_metadata",
     "connect",
+    "publisher_from_config",
     "read_password",
     "read_token",
     "reason_code",
     "retrying",
     "stream_items",
+    "subscriber_from_config",
     "undelivered",
     "validate_group",
 ]

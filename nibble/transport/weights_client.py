@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, TypeVar
 import grpc
 import torch
 
-from nibble.transport.auth import bearer_metadata
+from nibble.config import WeightSyncConfig
+from nibble.transport.auth import FETCH_TOKEN_ENV, PUBLISH_TOKEN_ENV, bearer_metadata, read_token
 from nibble.transport.grpc_util import RETRYABLE, Backoff, StallWatchdog, open_channel
 from nibble.transport.weights import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -269,3 +270,26 @@ class WeightSubscriber(_Client):
             finally:
                 call.cancel()
         return assembler.result()
+
+
+def publisher_from_config(config: WeightSyncConfig) -> WeightPublisherClient:
+    """The trainer's client for a ``weightsync`` config section (publish token from file or env)."""
+    return WeightPublisherClient(
+        f"{config.host}:{config.publish_port}",
+        read_token(config.publish_token_file, PUBLISH_TOKEN_ENV),
+        ca_file=config.tls_ca_file,
+        chunk_bytes=config.chunk_bytes,
+        rpc_timeout=config.rpc_timeout_seconds,
+    )
+
+
+def subscriber_from_config(config: WeightSyncConfig, sampler_id: str) -> WeightSubscriber:
+    """A sampler's client for a ``weightsync`` config section (fetch token from file or env)."""
+    return WeightSubscriber(
+        f"{config.host}:{config.port}",
+        read_token(config.fetch_token_file, FETCH_TOKEN_ENV),
+        sampler_id=sampler_id,
+        ca_file=config.tls_ca_file,
+        rpc_timeout=config.rpc_timeout_seconds,
+        max_bytes=config.max_payload_bytes,
+    )

@@ -32,7 +32,7 @@ def build(config, name: str, out: Path | None):
     from nibble.sampler.engine import BuiltinEngine
     from nibble.sampler.service import Sampler
     from nibble.tasks import get_task
-    from nibble.transport import AdmissionCounter, TrajectoryWriter, WeightSubscriber, connect
+    from nibble.transport import AdmissionCounter, TrajectoryWriter, connect, subscriber_from_config
 
     torch.set_num_threads(config.sampler.threads)
     checkpoint = config.model.checkpoint
@@ -43,7 +43,7 @@ def build(config, name: str, out: Path | None):
     metrics = Metrics("sampler")
     metrics.serve(config.sampler.metrics_port)
     client = connect(config.redis)
-    subscriber = WeightSubscriber.from_config(config.weightsync)
+    subscriber = subscriber_from_config(config.weightsync, name)
     return Sampler(
         config,
         task,

@@ -33,7 +33,7 @@ def build(config, out: Path, stop: threading.Event):
     from nibble.tasks import get_task
     from nibble.trainer import checkpoint
     from nibble.trainer.service import Trainer
-    from nibble.transport import AdmissionCounter, TrajectoryReader, WeightPublisherClient, connect
+    from nibble.transport import AdmissionCounter, TrajectoryReader, connect, publisher_from_config
 
     t = config.trainer
     torch.set_num_threads(t.threads)
@@ -57,7 +57,7 @@ def build(config, out: Path, stop: threading.Event):
         on_dead_letter=lambda reason: metrics.dead_lettered.labels(reason=reason).inc(),
     )
     admission = AdmissionCounter(client, config.redis)
-    publisher = WeightPublisherClient.from_config(config.weightsync)
+    publisher = publisher_from_config(config.weightsync)
     state.policy_version = max(state.policy_version, publisher.latest_version())
     admission.set_trainer_version(state.policy_version)
     task = get_task(config.task.name, **config.task.options)
