@@ -28,3 +28,17 @@ def redis_server(tmp_path_factory):
 def stream_config(redis_server):
     """A RedisConfig on the session's server with this test's own stream and key names."""
     return redis_config(redis_server.url)
+
+
+@pytest.fixture(scope="session")
+def warm_start(tmp_path_factory):
+    """One ``nibble sft`` warm start per test session (≈ 1 minute), shared by the CLI and service tests."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path_factory.mktemp("warm") / "ckpt"
+    nibble = str(Path(sys.executable).with_name("nibble"))
+    result = subprocess.run([nibble, "sft", "--out", str(out)], capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr
+    return out

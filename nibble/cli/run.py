@@ -43,10 +43,10 @@ def run(
                 continue
             shown["step"] = line["step"]
             if line["step"] == 0:
-                console.print(f"warm start: held-out accuracy {line['eval_accuracy']:.3f}")
+                typer.echo(f"warm start: held-out accuracy {line['eval_accuracy']:.3f}")
                 continue
             acc = line.get("eval_accuracy")
-            console.print(
+            typer.echo(
                 f"step {line['step']:4d}/{total}  reward {line['reward_mean']:.3f}  "
                 f"eval {'-' if acc is None else f'{acc:.3f}'}  |Δlogprob| {line['logprob_abs_diff']:.4f}  "
                 f"staleness {line['staleness_mean']:.2f}  version {line['policy_version']}"

@@ -14,14 +14,6 @@ def run(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     return subprocess.run([NIBBLE, *args], capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture(scope="module")
-def warm_start(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("warm") / "ckpt"
-    result = run("sft", "--out", str(out))
-    assert result.returncode == 0, result.stderr
-    return out
-
-
 def test_sft_lands_in_the_intended_accuracy_band(warm_start):
     record = json.loads((warm_start / "nibble_sft.json").read_text())
     assert 0.2 <= record["eval_accuracy"] <= 0.6, record
