@@ -161,6 +161,7 @@ def launch(
     """
     out.mkdir(parents=True, exist_ok=True)
     cluster = Cluster(out, env=child_environment())
+    previous = signal.signal(signal.SIGTERM, _raise_exit)  # so the children are stopped on SIGTERM too
     try:
         url = redis_url or start_redis(cluster, out / "redis")
         effective = effective_config(config, out, url)
@@ -183,3 +184,8 @@ def launch(
         return effective
     finally:
         cluster.stop()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_exit(signum, _frame) -> None:
+    raise SystemExit(128 + signum)

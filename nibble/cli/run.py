@@ -30,18 +30,23 @@ def run(
     from rich.console import Console
 
     from nibble.launcher import launch
-    from nibble.run_report import plot, read_lines, summarize
+    from nibble.run_report import plot, summarize
 
     console = Console()
     _ensure_warm_start(loaded, console)
-    shown = {"step": -1}
+    offset = {"bytes": 0}
     total = loaded.trainer.total_steps
 
     def progress(run_dir: Path) -> None:
-        for line in read_lines(run_dir):
-            if line["step"] <= shown["step"]:
-                continue
-            shown["step"] = line["step"]
+        path = run_dir / "metrics.jsonl"
+        if not path.is_file():
+            return
+        with path.open("rb") as handle:  # only what the trainer appended since the last look
+            handle.seek(offset["bytes"])
+            chunk = handle.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        offset["bytes"] += len(complete)
+        for line in map(json.loads, complete.decode().splitlines()):
             if line["step"] == 0:
                 typer.echo(f"warm start: held-out accuracy {line['eval_accuracy']:.3f}")
                 continue

@@ -115,12 +115,13 @@ class Trainer:
         self.unacked += consumed.entry_ids
         self.state.step += 1
         self.metrics.trainer_idle_seconds.inc(consumed.idle_seconds)
-        self._record(result, batch, consumed)
         t = self.config.trainer
+        evaluated = self.state.step % t.eval_every == 0 or self.state.step == t.total_steps
+        if evaluated:
+            self.evaluate()
+        self._record(result, batch, consumed, evaluated)
         if self.state.step % t.publish_every == 0:
             self.publish()
-        if self.state.step % t.eval_every == 0 or self.state.step == t.total_steps:
-            self.evaluate()
         if self.state.step % t.checkpoint_every == 0 or self.state.step == t.total_steps:
             self.checkpoint()
         return result
@@ -149,7 +150,7 @@ class Trainer:
             self.unacked = []
         self.reader.trim()
 
-    def _record(self, result: StepResult, batch, consumed: Consumed) -> None:
+    def _record(self, result: StepResult, batch, consumed: Consumed, evaluated: bool) -> None:
         m, stats = self.metrics, result.stats
         m.mismatch_kl.set(stats["mismatch_kl"])
         m.logprob_abs_diff.set(stats["logprob_abs_diff"])
@@ -178,7 +179,7 @@ class Trainer:
             "idle_seconds": consumed.idle_seconds,
             "trained_tokens": result.trained_tokens,
             "entropy": result.entropy,
-            "eval_accuracy": self.state.eval_accuracy,
+            "eval_accuracy": self.state.eval_accuracy if evaluated else None,
             "stale_dropped_total": self.stale_dropped_total,
             "dead_lettered_total": sum(self.reader.dead_lettered.values()),
             **{k: float(v) for k, v in stats.items()},
