@@ -119,9 +119,9 @@ class Trainer:
         evaluated = self.state.step % t.eval_every == 0 or self.state.step == t.total_steps
         if evaluated:
             self.evaluate()
-        self._record(result, batch, consumed, evaluated)
         if self.state.step % t.publish_every == 0:
             self.publish()
+        self._record(result, batch, consumed, evaluated)
         if self.state.step % t.checkpoint_every == 0 or self.state.step == t.total_steps:
             self.checkpoint()
         return result
@@ -154,8 +154,9 @@ class Trainer:
         m, stats = self.metrics, result.stats
         m.mismatch_kl.set(stats["mismatch_kl"])
         m.logprob_abs_diff.set(stats["logprob_abs_diff"])
-        m.fresh_mismatch_kl.set(result.fresh["mismatch_kl"])
-        m.fresh_logprob_abs_diff.set(result.fresh["logprob_abs_diff"])
+        if result.fresh is not None:
+            m.fresh_mismatch_kl.set(result.fresh["mismatch_kl"])
+            m.fresh_logprob_abs_diff.set(result.fresh["logprob_abs_diff"])
         m.is_clipped_fraction.set(stats["is_clipped_fraction"])
         m.grad_norm.set(result.grad_norm)
         m.skipped_steps.inc(result.skipped_updates)
@@ -183,7 +184,8 @@ class Trainer:
             "stale_dropped_total": self.stale_dropped_total,
             "dead_lettered_total": sum(self.reader.dead_lettered.values()),
             **{k: float(v) for k, v in stats.items()},
-            **{f"fresh_{k}": float(v) for k, v in result.fresh.items()},
+            "fresh_mismatch_kl": None if result.fresh is None else result.fresh["mismatch_kl"],
+            "fresh_logprob_abs_diff": None if result.fresh is None else result.fresh["logprob_abs_diff"],
         }
         with self.metrics_file.open("a") as handle:
             handle.write(json.dumps(line) + "\n")

@@ -22,7 +22,7 @@ class StepResult:
     grad_norm: float
     skipped_updates: int
     stats: dict[str, float]
-    fresh: dict[str, float]
+    fresh: dict[str, float] | None  # mismatch over staleness-0 tokens; None when the batch has none
     entropy: float
     zero_std_groups: int
     dropped_zero_std_groups: int
@@ -69,9 +69,11 @@ def train_on_batch(
     mask = batch.mask
     fresh_rows = batch.staleness == 0
     level = config.correction_level
-    fresh = mismatch_stats(
-        old.logprobs[fresh_rows], batch.sampler_logprobs[fresh_rows], mask[fresh_rows], correction_level=level
-    )
+    fresh = None
+    if bool(fresh_rows.any()):
+        fresh = mismatch_stats(
+            old.logprobs[fresh_rows], batch.sampler_logprobs[fresh_rows], mask[fresh_rows], correction_level=level
+        )
     return StepResult(
         loss=sum(losses) / len(losses) if losses else float("nan"),
         grad_norm=max(norms) if norms else float("nan"),

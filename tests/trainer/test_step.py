@@ -63,7 +63,7 @@ def test_a_step_trains_on_whole_groups_and_raises_the_rewarded_tokens_probabilit
     # The trainer reproduces the sampler's logprobs up to float rounding: no activation code differs
     # (a flipped NVFP4 code moves a logprob by ~1e-2, far above this bound).
     assert result.stats["logprob_abs_diff"] < 1e-6
-    assert result.fresh["logprob_abs_diff"] < 1e-6 and result.entropy > 0
+    assert result.fresh is not None and result.fresh["logprob_abs_diff"] < 1e-6 and result.entropy > 0
     assert result.trained_tokens == int(batch.mask.sum())
     if any(r.reward for g in groups for r in g.responses):
         assert logits_after > logits_before

@@ -54,5 +54,5 @@ def test_bad_arguments_exit_2_with_a_clear_message(args, message, tmp_path):
 def test_sft_refuses_to_overwrite_a_non_empty_directory(tmp_path):
     (tmp_path / "keep.txt").write_text("precious")
     result = run("sft", "--out", str(tmp_path), "--steps", "1")
-    assert result.returncode == 2 and "not empty" in result.stderr
+    assert result.returncode == 2 and "refusing to overwrite" in result.stderr
     assert (tmp_path / "keep.txt").read_text() == "precious"
