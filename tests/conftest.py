@@ -32,13 +32,15 @@ def stream_config(redis_server):
 
 @pytest.fixture(scope="session")
 def warm_start(tmp_path_factory):
-    """One ``nibble sft`` warm start per test session (≈ 1 minute), shared by the CLI and service tests."""
+    """One ``nibble sft`` warm start per test session (≈ 1 minute), shared by the CLI and service tests;
+    at the run config's target (0.2), which leaves RL room to show."""
     import subprocess
     import sys
     from pathlib import Path
 
     out = tmp_path_factory.mktemp("warm") / "ckpt"
     nibble = str(Path(sys.executable).with_name("nibble"))
-    result = subprocess.run([nibble, "sft", "--out", str(out)], capture_output=True, text=True, timeout=900)
+    argv = [nibble, "sft", "--out", str(out), "--target-accuracy", "0.2"]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr
     return out

@@ -99,14 +99,18 @@ class Sampler:
 
     # -- generation ----------------------------------------------------------------------------------
 
-    def allowed(self) -> int:
-        t = self.config.trainer
-        return allowed_groups(self.admission.trainer_version(), t.max_staleness, t.groups_per_step * t.publish_every)
-
     def reserve(self) -> int:
-        """Reserve up to ``groups_per_batch`` admission slots; return how many were granted."""
+        """Reserve up to ``groups_per_batch`` admission slots; return how many were granted.
+
+        Nothing is reserved while this sampler's weights are older than the trainer accepts
+        (``trainer version − max_staleness``): such groups would only be dropped as stale.
+        """
+        t = self.config.trainer
+        version = self.admission.trainer_version()
+        if self.engine.policy_version < version - t.max_staleness:
+            return 0
         granted = 0
-        allowed = self.allowed()
+        allowed = allowed_groups(version, t.max_staleness, t.groups_per_step * t.publish_every)
         while granted < self.config.sampler.groups_per_batch and self.admission.reserve(allowed):
             granted += 1
         return granted
