@@ -20,6 +20,7 @@ from nibble.stability import drift_headroom
 from nibble.tasks import Task
 from nibble.trainer import checkpoint
 from nibble.trainer.batch import assemble
+from nibble.trainer.demand import sampler_demand
 from nibble.trainer.step import StepResult, train_on_batch
 from nibble.transport import AdmissionCounter, StreamEntry, TrajectoryReader, WeightPublisherClient
 
@@ -107,6 +108,7 @@ class Trainer:
     # -- one step ------------------------------------------------------------------------------------
 
     def step(self) -> StepResult:
+        started = time.monotonic()
         consumed = self.consume()
         batch = assemble(consumed.groups, self.state.policy_version)
         result = train_on_batch(self.model, self.optimizer, batch, self.config.trainer)
@@ -122,6 +124,18 @@ class Trainer:
         if self.state.step % t.publish_every == 0:
             self.publish()
         self._record(result, batch, consumed, evaluated)
+        depth = self.reader.depth()
+        self.metrics.queue_depth.set(depth)
+        self.metrics.sampler_demand.set(
+            sampler_demand(
+                self.config.num_samplers,
+                consumed.idle_seconds,
+                time.monotonic() - started,
+                depth,
+                t.groups_per_step,
+                t.max_staleness,
+            )
+        )
         if self.state.step % t.checkpoint_every == 0 or self.state.step == t.total_steps:
             self.checkpoint()
         return result
@@ -168,7 +182,6 @@ class Trainer:
         m.drift_headroom.set(drift_headroom(stats["logprob_abs_diff"]))
         for w in result.is_weights.tolist():
             m.is_weight.observe(w)
-        m.queue_depth.set(self.reader.depth())
         line = {
             "step": self.state.step,
             "policy_version": self.state.policy_version,
