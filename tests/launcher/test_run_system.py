@@ -41,7 +41,7 @@ def late_accuracy(out: Path) -> float:
 @pytest.mark.slow  # observed gains at 160 steps range +0.07 … +0.14: not yet robust enough for CI
 def test_learning_not_luck_the_trained_run_beats_a_learning_rate_0_control(warm_start, tmp_path):
     reduced = {"trainer__total_steps": 160, "trainer__eval_every": 40}
-    trained = run("default.yaml", tmp_path / "trained", warm_start, **reduced)
+    run("default.yaml", tmp_path / "trained", warm_start, **reduced)
     control = run("default.yaml", tmp_path / "control", warm_start, **reduced, trainer__learning_rate=0)
     gained, held = late_accuracy(tmp_path / "trained"), late_accuracy(tmp_path / "control")
     print(f"held-out accuracy, mean of the late evaluations: trained {gained:.3f}, control {held:.3f}")
