@@ -192,6 +192,7 @@ class Trainer:
             "staleness_mean": float(batch.staleness.float().mean()),
             "idle_seconds": consumed.idle_seconds,
             "trained_tokens": result.trained_tokens,
+            "trained_trajectories": len(batch.trajectory_ids),
             "entropy": result.entropy,
             "eval_accuracy": self.state.eval_accuracy if evaluated else None,
             "stale_dropped_total": self.stale_dropped_total,
