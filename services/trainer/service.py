@@ -79,8 +79,8 @@ class Trainer:
                 raise Stopped
             started = time.monotonic()
             entries = self.reader.read(count=t.groups_per_step - len(consumed.groups), block_seconds=1.0)
+            consumed.idle_seconds += time.monotonic() - started  # waiting on the stream, data or not
             if not entries:
-                consumed.idle_seconds += time.monotonic() - started
                 continue
             for entry in entries:
                 self._take(entry, consumed)
