@@ -4,7 +4,7 @@ This package imports nothing else of Nibble. ``nibble.kernels.nvfp4`` and ``nibb
 are the public modules; DESIGN.md §2 is the normative definition they implement bit for bit.
 """
 
-from . import mxfp8, nvfp4
+from . import gemm, mxfp8, nvfp4
 from .tensors import MXFP8Tensor, NVFP4Tensor
 
-__all__ = ["MXFP8Tensor", "NVFP4Tensor", "mxfp8", "nvfp4"]
+__all__ = ["MXFP8Tensor", "NVFP4Tensor", "gemm", "mxfp8", "nvfp4"]

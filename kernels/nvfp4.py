@@ -1,17 +1,19 @@
 """NVFP4: 16-element blocks of E2M1 codes with E4M3 block scales and a float32 outer scale.
 
-The public entry point :func:`quantize` validates its arguments and runs the reference backend
-(plain PyTorch, on whatever device ``x`` lives). DESIGN.md §2.2–2.3 is the normative definition.
+The public entry points validate their arguments and run a backend (:mod:`nibble.kernels.backend`): the
+Triton kernels for CUDA tensors, the plain-PyTorch reference elsewhere, with identical bits.
+DESIGN.md §2.2–2.3 is the normative definition.
 """
 
 from __future__ import annotations
 
 import torch
 
+from . import backend as _backend
 from .codecs import e2m1_decode, e2m1_rne, e2m1_stochastic, e4m3_rne, pack_e2m1, unpack_e2m1
 from .reference import nvfp4 as _reference
 from .tensors import NVFP4_BLOCK, NVFP4Tensor
-from .validation import check_choice, check_input
+from .validation import check_choice, check_input, check_output_dtype
 
 SCALES = ("per_tensor", "per_token")
 FOUR_OVER_SIX_METRICS = (None, "mse", "mae")
@@ -20,6 +22,7 @@ ROUNDINGS = ("nearest", "stochastic")
 __all__ = [
     "NVFP4_BLOCK",
     "NVFP4Tensor",
+    "dequantize",
     "e2m1_decode",
     "e2m1_rne",
     "e2m1_stochastic",
@@ -39,6 +42,7 @@ def quantize(
     rounding: str = "nearest",
     generator: torch.Generator | None = None,
     validate: bool = True,
+    backend: str | None = None,
 ) -> NVFP4Tensor:
     """Quantise ``x`` to NVFP4 (DESIGN.md §2.2; four-over-six §2.3).
 
@@ -53,6 +57,8 @@ def quantize(
         generator: the explicit random source for stochastic rounding, on ``x``'s device.
         validate: check for NaN/±inf (a device-to-host sync). Hot paths inside a model step pass
             ``False``; the trainer checks loss and gradients for non-finite values once per step.
+        backend: ``None`` (Triton on CUDA, reference elsewhere), ``"reference"`` or ``"triton"``; stochastic
+            rounding always runs on the reference.
     The result carries no autograd history (quantisation has no useful derivative; the recipe's
     straight-through gradients live in :mod:`nibble.recipe`).
 
@@ -62,20 +68,25 @@ def quantize(
     Raises:
         ValueError: naming the argument, for a non-float dtype, ``K`` not a positive multiple of 16,
             NaN/±inf (when ``validate``), an unknown option, stochastic rounding without a generator
-            or combined with four-over-six.
+            or combined with four-over-six or with ``backend="triton"``, a backend that cannot run here.
     """
     _check_options(x, scale, four_over_six, rounding, generator, validate)
-    tensor, _ = _reference.quantize(
-        x.detach(),
-        per_token=scale == "per_token",
-        four_over_six=four_over_six,
-        generator=generator if rounding == "stochastic" else None,
-    )
+    if rounding == "stochastic":
+        if backend == "triton":
+            raise ValueError("rounding='stochastic' runs on backend='reference' only (it is for gradients)")
+        per_token = scale == "per_token"
+        return _reference.quantize(x.detach(), per_token=per_token, four_over_six=None, generator=generator)[0]
+    tensor, _ = _run(x, scale, four_over_six, backend, with_choices=False)
     return tensor
 
 
 def quantize_with_choices(
-    x: torch.Tensor, *, scale: str = "per_tensor", four_over_six: str | None = None, validate: bool = True
+    x: torch.Tensor,
+    *,
+    scale: str = "per_tensor",
+    four_over_six: str | None = None,
+    validate: bool = True,
+    backend: str | None = None,
 ) -> tuple[NVFP4Tensor, torch.Tensor]:
     """Like :func:`quantize` (round-to-nearest), also returning which blocks chose map-to-4.
 
@@ -85,7 +96,33 @@ def quantize_with_choices(
         ``nibble_four_over_six_fraction``.
     """
     _check_options(x, scale, four_over_six, "nearest", None, validate)
-    return _reference.quantize(x.detach(), per_token=scale == "per_token", four_over_six=four_over_six, generator=None)
+    return _run(x, scale, four_over_six, backend, with_choices=True)
+
+
+def dequantize(tensor: NVFP4Tensor, dtype: torch.dtype = torch.float32, *, backend: str | None = None) -> torch.Tensor:
+    """Decode ``tensor`` to a dense ``tensor.shape`` tensor of ``dtype`` (float32 arithmetic, one cast);
+    the same bits as :meth:`NVFP4Tensor.dequantize`, on the chosen backend.
+
+    Raises:
+        ValueError: ``dtype`` is not a floating-point dtype, or the backend cannot run here.
+    """
+    if _backend.resolve(tensor.device, backend) == "reference":
+        return tensor.dequantize(dtype)
+    check_output_dtype(dtype)
+    from .gpu import nvfp4 as _gpu
+
+    return _gpu.dequantize(tensor, dtype)
+
+
+def _run(
+    x: torch.Tensor, scale: str, four_over_six: str | None, backend: str | None, *, with_choices: bool
+) -> tuple[NVFP4Tensor, torch.Tensor | None]:
+    per_token = scale == "per_token"
+    if _backend.resolve(x.device, backend) == "reference":
+        return _reference.quantize(x.detach(), per_token=per_token, four_over_six=four_over_six, generator=None)
+    from .gpu import nvfp4 as _gpu  # imports triton: only where it runs
+
+    return _gpu.quantize(x.detach(), per_token=per_token, four_over_six=four_over_six, with_choices=with_choices)
 
 
 def _check_options(

@@ -184,3 +184,37 @@ def trajectory_group(
         started_at=1.0,
         finished_at=2.0,
     )
+
+
+def parity_inputs(dtype, max_rows: int | None = None):
+    """Named inputs on and near every rounding tie of §2 (plus zero, floor and extreme rows), cast to
+    ``dtype``; ``max_rows`` trims each case for the slow Triton interpreter."""
+    extreme = gaussian((3, 208), 4) * torch.tensor([[2.0**-30], [1.0], [2.0**12]])
+    zero_rows = gaussian((5, 96), 5)
+    zero_rows[1] = 0.0
+    zero_rows[3] = 1e-31
+    cases = {
+        "gaussian": gaussian((257, 1024), 1),
+        "heavy_tailed": heavy_tailed((129, 2048), 2),
+        "ties_448": tie_heavy(64, 512, e=448.0, seed=3),
+        "ties_256": tie_heavy(64, 512, e=256.0, seed=4),
+        "extreme_rows": extreme,
+        "zero_rows": zero_rows,
+        "near_midpoints": near_midpoints(256, 5),
+        "four_over_six_near_ties": four_over_six_near_ties(2048, 6),
+        "map_to_4_scale_order": map_to_4_scale_order(),
+        "floor_rows": floor_rows(),
+    }
+    limit = torch.finfo(dtype).max / 2
+    return {name: x[:max_rows].clamp(-limit, limit).to(dtype) for name, x in cases.items()}
+
+
+def assert_same_bits(cpu: torch.Tensor, cuda: torch.Tensor, what: str) -> None:
+    """Assert two tensors hold the same bits (float8/float32 compared as integers, so -0.0 != +0.0)."""
+    cuda = cuda.cpu()
+    if cpu.dtype.is_floating_point and cpu.element_size() == 1:
+        cpu, cuda = cpu.view(torch.uint8), cuda.view(torch.uint8)
+    elif cpu.dtype == torch.float32:
+        cpu, cuda = cpu.view(torch.int32), cuda.view(torch.int32)
+    mismatches = int((cpu != cuda).sum())
+    assert mismatches == 0, f"{what}: {mismatches} of {cpu.numel()} differ"

@@ -1,8 +1,9 @@
 """Quantised matmuls with the three backward modes of DESIGN.md §3, as a ``torch.autograd.Function``.
 
-Forward always runs on quantised operands, emulated as ``DQ(Q(x)) @ DQ(Q(W)).T`` in the plan's
-compute dtype (on Blackwell the same codes feed FP4 tensor cores; the quantisation decisions are the
-same). Backward:
+Forward always runs on quantised operands, ``DQ(Q(x)) @ DQ(Q(W)).T``: on CUDA through the packed NVFP4
+GEMM (:mod:`nibble.kernels.gemm`, weights decoded in registers), elsewhere decoded and multiplied in the
+plan's compute dtype (on Blackwell the same codes feed FP4 tensor cores; the quantisation decisions are
+the same everywhere). Backward:
 
 - ``high_precision``: gradients of ``x @ W.T`` on the original operands;
 - ``dequantized`` (the recipe): ``dgrad = dY @ DQ(Q(W))``, ``wgrad = dY.T @ DQ(Q(x))``, passed straight
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from nibble.kernels import MXFP8Tensor, NVFP4Tensor
+from nibble.kernels import MXFP8Tensor, NVFP4Tensor, backend, gemm, nvfp4
 from nibble.recipe.compute import linear
 from nibble.recipe.plan import PrecisionPlan
 from nibble.recipe.quant import QuantizedWeight, fake_quantize, quantize_activation
@@ -26,6 +27,26 @@ def select(q: QuantizedWeight, index: int) -> QuantizedWeight:
     if isinstance(q, MXFP8Tensor):
         return MXFP8Tensor(q.elements[index], q.block_scales[index], q.scale_mode)
     return NVFP4Tensor(q.codes[index], q.block_scales[index], q.global_scale[index], q.four_over_six, q.shape[1:])
+
+
+def uses_kernels(x: torch.Tensor, fmt: str) -> bool:
+    """Whether NVFP4 products on ``x``'s device run the packed GPU GEMM (Triton on CUDA) rather than
+    dequantise-and-multiply in the compute dtype (the CPU path, bit-exact across batch shapes)."""
+    return fmt == "nvfp4" and backend.resolve(x.device, None) == "triton"
+
+
+def dequantize(q: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
+    """Decode a quantised operand on the default backend of its device."""
+    return nvfp4.dequantize(q, dtype) if isinstance(q, NVFP4Tensor) else q.dequantize(dtype)
+
+
+def forward_product(qx: QuantizedWeight, qweight: QuantizedWeight, fmt: str, plan: PrecisionPlan) -> torch.Tensor:
+    """``DQ(qx) @ DQ(qweight).T`` in the plan's compute dtype: the packed GEMM where it runs, else decode
+    both operands and multiply (:func:`nibble.recipe.compute.linear`)."""
+    cd = plan.torch_compute_dtype
+    if uses_kernels(qx.codes if isinstance(qx, NVFP4Tensor) else qx.elements, fmt):
+        return gemm.matmul(qx, qweight, out_dtype=cd)
+    return linear(dequantize(qx, cd), dequantize(qweight, cd))
 
 
 def _parts(q: QuantizedWeight) -> tuple[torch.Tensor, ...]:
@@ -49,10 +70,8 @@ class QuantizedMatmul(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, qweight, fmt: str, plan: PrecisionPlan):
-        cd = plan.torch_compute_dtype
         qx = quantize_activation(x, fmt, plan)
-        w_hat = qweight.dequantize(cd)
-        y = linear(qx.dequantize(cd), w_hat)
+        y = forward_product(qx, qweight, fmt, plan)
         ctx.fmt, ctx.plan, ctx.x_dtype = fmt, plan, x.dtype
         if plan.backward == "dequantized":
             ctx.like = (qx, qweight)
@@ -70,7 +89,7 @@ class QuantizedMatmul(torch.autograd.Function):
             saved = ctx.saved_tensors
             qx = _rebuild(ctx.like[0], saved[: ctx.n_x])
             qw = _rebuild(ctx.like[1], saved[ctx.n_x :])
-            x_op, w_op, dy_dgrad, dy_wgrad = qx.dequantize(cd), qw.dequantize(cd), dy, dy
+            x_op, w_op, dy_dgrad, dy_wgrad = dequantize(qx, cd), dequantize(qw, cd), dy, dy
         else:
             x, weight = ctx.saved_tensors
             x_op, w_op, dy_dgrad, dy_wgrad = x.to(cd), weight.to(cd), dy, dy
@@ -94,6 +113,5 @@ def quantized_matmul(
     with ``weight=None`` (packed weights, sampler side) it is a plain no-grad forward with the same bits.
     """
     if weight is None or not torch.is_grad_enabled():
-        cd = plan.torch_compute_dtype
-        return linear(quantize_activation(x, fmt, plan).dequantize(cd), qweight.dequantize(cd))
+        return forward_product(quantize_activation(x, fmt, plan), qweight, fmt, plan)
     return QuantizedMatmul.apply(x, weight, qweight, fmt, plan)

@@ -1,0 +1,174 @@
+"""Launchers for the Triton NVFP4 GEMM: dense ``x @ W.T`` and grouped (one launch per MoE layer)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..tensors import NVFP4_BLOCK, NVFP4Tensor
+from .nvfp4 import dequantize
+from .nvfp4_gemm import nvfp4_gemm_kernel
+
+# From this many rows on, decoding inside the GEMM costs more than it saves (the product is
+# compute-bound): decode both operands once and use the vendor bf16 GEMM (benchmarks/kernels_gpu.py).
+DEQUANTIZE_FALLBACK_ROWS = 1024
+
+
+def _configs() -> list[triton.Config]:
+    return [
+        triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
+        for bn, bk, w, s in (
+            (32, 256, 4, 3),
+            (64, 256, 4, 3),
+            (64, 128, 4, 4),
+            (128, 128, 8, 3),
+            (128, 256, 8, 3),
+            (32, 512, 4, 2),
+        )
+    ]
+
+
+_tuned = triton.autotune(configs=_configs(), key=["N", "K", "BLOCK_M", "GROUPED"])(nvfp4_gemm_kernel)
+# The Triton interpreter (CPU tests) has no benchmarking driver: it runs one fixed configuration.
+_INTERPRETER_CONFIG = {"BLOCK_N": 32, "BLOCK_K": 64}
+
+
+def _launch(m_tiles: int, n: int, *args, **constexprs) -> None:
+    if args[0].is_cuda:
+        grid = lambda meta: (m_tiles, triton.cdiv(n, meta["BLOCK_N"]))  # noqa: E731
+        _tuned[grid](*args, **constexprs, DOT_DTYPE=tl.bfloat16, enable_fp_fusion=False)
+    else:
+        grid = (m_tiles, triton.cdiv(n, _INTERPRETER_CONFIG["BLOCK_N"]))
+        nvfp4_gemm_kernel[grid](*args, **constexprs, **_INTERPRETER_CONFIG, DOT_DTYPE=tl.float32)
+
+
+def _decoded_activations(qx: NVFP4Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Activations decoded once without their global scale (exact in bf16) and the per-row scales ``[M]``."""
+    dtype = torch.bfloat16 if qx.codes.is_cuda else torch.float32
+    m = qx.shape[0]
+    g = qx.global_scale.reshape(-1).to(torch.float32)
+    if g.numel() == 1 and m != 1:
+        g = g.expand(m).contiguous()
+    return dequantize(_unscaled(qx), dtype), g
+
+
+def _block_m(rows: int) -> int:
+    return 16 if rows <= 16 else 32 if rows <= 32 else 64 if rows <= 64 else 128
+
+
+def _flat(t: NVFP4Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    k = t.shape[-1]
+    return t.codes.reshape(-1, k // 2).contiguous(), t.block_scales.reshape(-1, k // NVFP4_BLOCK).contiguous().view(
+        torch.uint8
+    )
+
+
+def _unscaled(t: NVFP4Tensor) -> NVFP4Tensor:
+    """The same codes and block scales with a unit global scale (decoded exactly in bf16)."""
+    one = torch.ones((), dtype=torch.float32, device=t.device)
+    return NVFP4Tensor(t.codes, t.block_scales, one, t.four_over_six, t.shape)
+
+
+def matmul(qx: NVFP4Tensor, qw: NVFP4Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """``dequantize(qx) @ dequantize(qw).T`` with float32 accumulation.
+
+    Args:
+        qx: activations ``[M, K]`` quantised per token (global scale ``[M]``) or per tensor (``[]``).
+        qw: weight ``[N, K]`` quantised per tensor (global scale ``[]``).
+        out_dtype: dtype of the result ``[M, N]``.
+    Raises:
+        ValueError: shapes that do not contract, or a weight that is not a 2-D per-tensor NVFP4 tensor.
+    """
+    m, k = qx.shape
+    if len(qw.shape) != 2 or qw.shape[1] != k or qw.global_scale.dim() != 0:
+        raise ValueError(f"matmul: weight must be [N, {k}] with a per-tensor scale, got shape {tuple(qw.shape)}")
+    n = qw.shape[0]
+    if m >= DEQUANTIZE_FALLBACK_ROWS:
+        return _dequantized_matmul(qx, qw, out_dtype)
+    out = torch.empty((m, n), dtype=out_dtype, device=qx.device)
+    if m == 0:
+        return out
+    xd, xg = _decoded_activations(qx)
+    block_m = _block_m(m)
+    w_codes, w_scales = _flat(qw)
+    wg = qw.global_scale.reshape(1).to(torch.float32)
+    unused = xg  # the grouped-only pointers
+    _launch(
+        triton.cdiv(m, block_m), n, xd, xg, unused, w_codes, w_scales, wg, out,
+        unused, unused, unused, unused, m, n, k,
+        GROUPED=False, GATHER_X=False, BLOCK_M=block_m,
+    )  # fmt: skip
+    return out
+
+
+def _dequantized_matmul(qx: NVFP4Tensor, qw: NVFP4Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    x = dequantize(_unscaled(qx), torch.bfloat16)
+    w = dequantize(_unscaled(qw), torch.bfloat16)
+    y = torch.mm(x, w.t(), out_dtype=torch.float32)
+    xg = qx.global_scale.to(torch.float32).reshape(-1, 1) if qx.global_scale.dim() else qx.global_scale
+    return ((y * xg) * qw.global_scale.to(torch.float32)).to(out_dtype)
+
+
+def grouped_matmul(
+    qx: NVFP4Tensor,
+    qw: NVFP4Tensor,
+    experts: torch.Tensor,
+    x_rows: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """Per-row expert GEMM in one launch: ``out[r] = dequantize(qx)[x_rows[r]] @ dequantize(qw[experts[r]]).T``.
+
+    Args:
+        qx: activations ``[T, K]`` quantised per token.
+        qw: expert stack ``[E, N, K]`` with one global scale per expert (``[E]``).
+        experts: int64 ``[R]`` expert of each output row, sorted ascending (rows grouped by expert).
+        x_rows: int64 ``[R]`` activation row feeding each output row, or ``None`` for ``R == T`` in order.
+        out_dtype: dtype of the result ``[R, N]``.
+    Raises:
+        ValueError: mismatched shapes, or a weight stack without one global scale per expert.
+    """
+    t, k = qx.shape
+    if len(qw.shape) != 3 or qw.shape[2] != k or tuple(qw.global_scale.shape) != (qw.shape[0],):
+        raise ValueError(f"grouped_matmul: weights must be [E, N, {k}] with [E] global scales, got {tuple(qw.shape)}")
+    num_experts, n = qw.shape[0], qw.shape[1]
+    r = experts.shape[0]
+    if x_rows is None and r != t:
+        raise ValueError(f"grouped_matmul: {r} expert rows for {t} activation rows; pass x_rows")
+    out = torch.empty((r, n), dtype=out_dtype, device=qx.device)
+    if r == 0:
+        return out
+    block_m = _block_m(max(1, r // num_experts))
+    tile_expert, tile_start, tile_end, num_tiles, max_tiles = _tiles(experts, num_experts, block_m)
+    xd, xg = _decoded_activations(qx)
+    w_codes, w_scales = _flat(qw)
+    gather = x_rows is not None
+    rows_index = x_rows if gather else tile_start
+    wg = qw.global_scale.to(torch.float32).contiguous()
+    _launch(
+        max_tiles, n, xd, xg, rows_index, w_codes, w_scales, wg, out,
+        tile_expert, tile_start, tile_end, num_tiles, r, n, k,
+        GROUPED=True, GATHER_X=gather, BLOCK_M=block_m,
+    )  # fmt: skip
+    return out
+
+
+def _tiles(experts: torch.Tensor, num_experts: int, block_m: int):
+    """Row tiles of expert-sorted rows, built on the device: each tile lies inside one expert's rows.
+
+    Returns ``(tile_expert, tile_start, tile_end, num_tiles, max_tiles)``: int32 ``[max_tiles]`` arrays, the
+    real tile count as a 1-element device tensor and its host-side upper bound (the launch grid).
+    """
+    r = experts.shape[0]
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=experts.device)
+    counts.scatter_add_(0, experts, torch.ones_like(experts))
+    tiles = (counts + block_m - 1) // block_m
+    tile_cum = torch.cumsum(tiles, 0)
+    row_first = torch.cumsum(counts, 0) - counts
+    max_tiles = triton.cdiv(r, block_m) + num_experts
+    index = torch.arange(max_tiles, device=experts.device)
+    expert = torch.searchsorted(tile_cum, index, right=True).clamp(max=num_experts - 1)
+    local = index - (tile_cum - tiles)[expert]
+    start = row_first[expert] + local * block_m
+    end = row_first[expert] + counts[expert]
+    return expert.to(torch.int32), start.to(torch.int32), end.to(torch.int32), tile_cum[-1:].to(torch.int32), max_tiles

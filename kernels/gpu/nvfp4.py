@@ -1,0 +1,136 @@
+"""Launchers for the Triton NVFP4 quantise/dequantise kernels (same results as the torch reference)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from ..tensors import NVFP4_BLOCK, NVFP4Tensor
+from .nvfp4_quantize import nvfp4_dequantize_kernel, nvfp4_quantize_kernel
+
+E_STANDARD = 448.0
+E_FOUR_OVER_SIX = 256.0
+# Rows of up to this many 16-element blocks are quantised by one program that also reduces their amax.
+_MAX_ROW_BLOCKS = 512
+# Blocks per program when a row is shared by several programs (its amax comes from a reduction first).
+_SPLIT_CHUNK = 256
+# Elements per program that keep a tile in registers without spilling.
+_TILE_ELEMENTS = 8192
+# How the 4/6 kernel adds a block's 16 errors in order (benchmarks/kernels_gpu.py compares both).
+SUM_BY_SPLIT = True
+
+
+def _tile(kb: int, row_in_one_program: bool) -> tuple[int, int]:
+    chunk = triton.next_power_of_2(kb) if row_in_one_program else _SPLIT_CHUNK
+    block_m = max(1, min(64, _TILE_ELEMENTS // (chunk * NVFP4_BLOCK)))
+    return block_m, chunk
+
+
+def quantize(
+    x: torch.Tensor, *, per_token: bool, four_over_six: str | None, with_choices: bool = False
+) -> tuple[NVFP4Tensor, torch.Tensor | None]:
+    """Quantise a validated CUDA (or Triton-interpreted CPU) tensor ``x [..., K]`` to NVFP4.
+
+    Args:
+        x: float32/bfloat16/float16 ``[..., K]``, ``K % 16 == 0``, finite (checked by the caller).
+        per_token: one outer scale per row (all leading dims) instead of one for the tensor.
+        four_over_six: ``None``, ``"mse"`` or ``"mae"``.
+        with_choices: also return the bool ``[..., K // 16]`` mask of blocks that chose map-to-4.
+    Returns:
+        ``(tensor, map_to_4 or None)``, bit-identical to :func:`nibble.kernels.reference.nvfp4.quantize`.
+    """
+    shape = x.shape
+    k = shape[-1]
+    kb = k // NVFP4_BLOCK
+    rows = x.reshape(-1, k)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    m = rows.shape[0]
+    device = x.device
+    codes = torch.empty((m, k // 2), dtype=torch.uint8, device=device)
+    scale_bytes = torch.empty((m, kb), dtype=torch.uint8, device=device)
+    g = torch.empty((m if per_token else 1,), dtype=torch.float32, device=device)
+    choice = torch.zeros((m, kb), dtype=torch.uint8, device=device) if with_choices else codes
+    amax_in_kernel = per_token and kb <= _MAX_ROW_BLOCKS
+    if amax_in_kernel:
+        amax = g  # unused by the kernel
+    elif per_token:
+        amax = torch.linalg.vector_norm(rows, float("inf"), dim=-1).to(torch.float32)
+    elif m == 0:
+        amax = torch.zeros((1,), dtype=torch.float32, device=device)
+    else:
+        amax = torch.linalg.vector_norm(rows, float("inf")).to(torch.float32).reshape(1)
+    block_m, chunk = _tile(kb, amax_in_kernel)
+    if m:
+        grid = (triton.cdiv(m, block_m), triton.cdiv(kb, chunk))
+        nvfp4_quantize_kernel[grid](
+            rows,
+            amax,
+            codes,
+            scale_bytes,
+            g,
+            choice,
+            m,
+            kb,
+            rows.stride(0),
+            E=E_FOUR_OVER_SIX if four_over_six else E_STANDARD,
+            PER_TOKEN=per_token,
+            AMAX_IN_KERNEL=amax_in_kernel,
+            FOUR_OVER_SIX=bool(four_over_six),
+            MSE=four_over_six == "mse",
+            WRITE_CHOICE=with_choices,
+            BLOCK_M=block_m,
+            CHUNK=chunk,
+            SPLIT=SUM_BY_SPLIT,
+            num_warps=8 if block_m * chunk * NVFP4_BLOCK >= 4096 else 4,
+            enable_fp_fusion=False,
+        )
+    elif not per_token:
+        g.fill_(1.0)
+    tensor = NVFP4Tensor(
+        codes=codes.reshape(*shape[:-1], k // 2),
+        block_scales=scale_bytes.view(torch.float8_e4m3fn).reshape(*shape[:-1], kb),
+        global_scale=g.reshape(shape[:-1]) if per_token else g.reshape(()),
+        four_over_six=bool(four_over_six),
+        shape=shape,
+    )
+    map_to_4 = choice.bool().reshape(*shape[:-1], kb) if with_choices else None
+    return tensor, map_to_4
+
+
+def dequantize(tensor: NVFP4Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Decode ``tensor`` to ``dtype`` (float32 arithmetic, one final cast), as :meth:`NVFP4Tensor.dequantize`.
+
+    The global scale may be ``[]`` (per tensor) or a per-row ``[M]`` tensor over all leading dims;
+    a prefix shape (one per expert of a stack) is broadcast to rows first.
+    """
+    shape = tensor.shape
+    k = shape[-1]
+    kb = k // NVFP4_BLOCK
+    m = tensor.codes.numel() // max(1, k // 2)
+    # The interpreter's float32 -> 16-bit casts do not round to nearest even: cast with torch there.
+    direct = tensor.codes.is_cuda or dtype == torch.float32
+    out = torch.empty(shape, dtype=dtype if direct else torch.float32, device=tensor.device)
+    if m == 0:
+        return out.to(dtype)
+    g = tensor.global_scale.to(torch.float32)
+    per_row = g.dim() > 0
+    if per_row:
+        lead = shape[:-1]
+        g = g.reshape(*g.shape, *([1] * (len(lead) - g.dim()))).expand(lead).reshape(-1).contiguous()
+    block_m, chunk = _tile(kb, kb <= _MAX_ROW_BLOCKS)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(kb, chunk))
+    nvfp4_dequantize_kernel[grid](
+        tensor.codes.contiguous(),
+        tensor.block_scales.contiguous().view(torch.uint8),
+        g.reshape(-1),
+        out,
+        m,
+        kb,
+        G_PER_ROW=per_row,
+        BLOCK_M=block_m,
+        CHUNK=chunk,
+        num_warps=4,
+        enable_fp_fusion=False,
+    )
+    return out if direct else out.to(dtype)
