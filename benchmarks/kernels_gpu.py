@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from benchmarks.machine import describe
 from nibble.kernels import gemm, nvfp4
+from nibble.kernels.gpu import gemm as gpu_gemm
 from nibble.kernels.tensors import NVFP4Tensor
 
 ROTATE_BYTES = 256 * 2**20
@@ -71,20 +72,11 @@ def bench_quantize(copy_bw: float) -> dict:
     xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies_for(m * k * 2))]
     moved = m * k * 2 + m * k // 2 + m * k // 16 + m * 4  # bf16 in; codes, block scales, global scales out
     out = {}
-    from nibble.kernels.gpu import nvfp4 as gpu_nvfp4
-
-    for name, fos, split in (
-        ("standard", None, True),
-        ("four_over_six_mse", "mse", True),
-        ("four_over_six_mse_selection_sum", "mse", False),
-    ):
-        gpu_nvfp4.SUM_BY_SPLIT = split
+    for name, fos in (("standard", None), ("four_over_six_mse", "mse")):
         t = graph_time(
             lambda i, fos=fos: nvfp4.quantize(xs[i], scale="per_token", four_over_six=fos, validate=False), len(xs)
         )
         out[name] = {**t, "bandwidth_Bps": moved / t["graph_s"], "fraction_of_copy": moved / t["graph_s"] / copy_bw}
-        print(name, out[name], flush=True)
-    gpu_nvfp4.SUM_BY_SPLIT = True
     out["four_over_six_time_ratio"] = out["four_over_six_mse"]["graph_s"] / out["standard"]["graph_s"]
     out["targets"] = {"standard_fraction_of_copy": ">= 0.7", "four_over_six_time_ratio": "<= 2.0"}
     return out
@@ -115,12 +107,16 @@ def _dense_row(m: int, n: int, k: int, ws: list[torch.Tensor], qws: list[NVFP4Te
     bf16 = graph_time(lambda i: x @ ws[i].T, len(ws))
     kernel = graph_time(lambda i: gemm.matmul(qx, qws[i], out_dtype=torch.bfloat16), len(qws))
     fused = graph_time(quantize_and_gemm, len(qws))
+    packed = graph_time(lambda i: gpu_gemm.packed_matmul(qx, qws[i], torch.bfloat16), len(qws))
+    decoded = graph_time(lambda i: gpu_gemm.dequantized_matmul(qx, qws[i], torch.bfloat16), len(qws))
     row = {
         "shape": [n, k],
         "m": m,
         "bf16": bf16,
         "nvfp4_gemm": kernel,
         "nvfp4_quantize_and_gemm": fused,
+        "packed_triton_gemm": packed,
+        "dequantize_then_cublas": decoded,
         "speedup_gemm": bf16["graph_s"] / kernel["graph_s"],
         "speedup_quantize_and_gemm": bf16["graph_s"] / fused["graph_s"],
         "path": "dequantise + cuBLAS" if m >= gemm_fallback_rows() else "packed Triton GEMM",
@@ -128,16 +124,15 @@ def _dense_row(m: int, n: int, k: int, ws: list[torch.Tensor], qws: list[NVFP4Te
     print(
         f"dense {n}x{k} M={m:5d}: bf16 {bf16['graph_s'] * 1e6:8.1f} us  nvfp4 {kernel['graph_s'] * 1e6:8.1f} us "
         f"(x{row['speedup_gemm']:.2f})  +quant {fused['graph_s'] * 1e6:8.1f} us "
-        f"(x{row['speedup_quantize_and_gemm']:.2f})  [{row['path']}]",
+        f"(x{row['speedup_quantize_and_gemm']:.2f})  [{row['path']}; packed {packed['graph_s'] * 1e6:.1f} us, "
+        f"decoded {decoded['graph_s'] * 1e6:.1f} us]",
         flush=True,
     )
     return row
 
 
 def gemm_fallback_rows() -> int:
-    from nibble.kernels.gpu.gemm import DEQUANTIZE_FALLBACK_ROWS
-
-    return DEQUANTIZE_FALLBACK_ROWS
+    return gpu_gemm.DEQUANTIZE_FALLBACK_ROWS
 
 
 def bench_moe(tokens: int, copy_bw: float) -> dict:
@@ -201,6 +196,9 @@ def bench_moe(tokens: int, copy_bw: float) -> dict:
     out = {
         "tokens": tokens,
         "experts_used": used,
+        "nvfp4_path": (
+            "dequantise + torch._grouped_mm" if tokens * 8 >= gpu_gemm.GROUPED_FALLBACK_ROWS else "grouped Triton GEMM"
+        ),
         "bf16_path": bf16_path,
         "bf16": bf16_t,
         "nvfp4": nvfp4_t,

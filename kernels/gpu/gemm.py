@@ -10,9 +10,11 @@ from ..tensors import NVFP4_BLOCK, NVFP4Tensor
 from .nvfp4 import dequantize
 from .nvfp4_gemm import nvfp4_gemm_kernel
 
-# From this many rows on, decoding inside the GEMM costs more than it saves (the product is
-# compute-bound): decode both operands once and use the vendor bf16 GEMM (benchmarks/kernels_gpu.py).
-DEQUANTIZE_FALLBACK_ROWS = 1024
+# From this many rows on, decoding inside the GEMM costs more than decoding the operands once and using
+# the vendor bf16 GEMM (measured side by side by benchmarks/kernels_gpu.py on the H200).
+DEQUANTIZE_FALLBACK_ROWS = 64
+# The same for the grouped GEMM (rows = tokens x top-k), where torch._grouped_mm exists.
+GROUPED_FALLBACK_ROWS = 4096
 
 
 def _configs() -> list[triton.Config]:
@@ -23,8 +25,6 @@ def _configs() -> list[triton.Config]:
             (64, 256, 4, 3),
             (64, 128, 4, 4),
             (128, 128, 8, 3),
-            (128, 256, 8, 3),
-            (32, 512, 4, 2),
         )
     ]
 
@@ -83,9 +83,15 @@ def matmul(qx: NVFP4Tensor, qw: NVFP4Tensor, out_dtype: torch.dtype) -> torch.Te
     m, k = qx.shape
     if len(qw.shape) != 2 or qw.shape[1] != k or qw.global_scale.dim() != 0:
         raise ValueError(f"matmul: weight must be [N, {k}] with a per-tensor scale, got shape {tuple(qw.shape)}")
+    if m >= DEQUANTIZE_FALLBACK_ROWS and qx.codes.is_cuda:
+        return dequantized_matmul(qx, qw, out_dtype)
+    return packed_matmul(qx, qw, out_dtype)
+
+
+def packed_matmul(qx: NVFP4Tensor, qw: NVFP4Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """:func:`matmul` through the packed Triton GEMM, whatever the number of rows."""
+    m, k = qx.shape
     n = qw.shape[0]
-    if m >= DEQUANTIZE_FALLBACK_ROWS:
-        return _dequantized_matmul(qx, qw, out_dtype)
     out = torch.empty((m, n), dtype=out_dtype, device=qx.device)
     if m == 0:
         return out
@@ -102,7 +108,9 @@ def matmul(qx: NVFP4Tensor, qw: NVFP4Tensor, out_dtype: torch.dtype) -> torch.Te
     return out
 
 
-def _dequantized_matmul(qx: NVFP4Tensor, qw: NVFP4Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+def dequantized_matmul(qx: NVFP4Tensor, qw: NVFP4Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """:func:`matmul` by decoding both operands (exactly, in bf16, global scales applied after) and calling
+    the vendor GEMM with float32 output."""
     x = dequantize(_unscaled(qx), torch.bfloat16)
     w = dequantize(_unscaled(qw), torch.bfloat16)
     y = torch.mm(x, w.t(), out_dtype=torch.float32)
@@ -135,6 +143,8 @@ def grouped_matmul(
     r = experts.shape[0]
     if x_rows is None and r != t:
         raise ValueError(f"grouped_matmul: {r} expert rows for {t} activation rows; pass x_rows")
+    if r >= GROUPED_FALLBACK_ROWS and qx.codes.is_cuda and hasattr(torch, "_grouped_mm"):
+        return dequantized_grouped_matmul(qx, qw, experts, x_rows, out_dtype)
     out = torch.empty((r, n), dtype=out_dtype, device=qx.device)
     if r == 0:
         return out
@@ -151,6 +161,28 @@ def grouped_matmul(
         GROUPED=True, GATHER_X=gather, BLOCK_M=block_m,
     )  # fmt: skip
     return out
+
+
+def dequantized_grouped_matmul(
+    qx: NVFP4Tensor, qw: NVFP4Tensor, experts: torch.Tensor, x_rows: torch.Tensor | None, out_dtype: torch.dtype
+) -> torch.Tensor:
+    """:func:`grouped_matmul` by decoding the operands (exactly, in bf16) and calling ``torch._grouped_mm``
+    (its bf16 output is rounded once before the global scales are applied)."""
+    num_experts = qw.shape[0]
+    xd, xg = _decoded_activations(qx)
+    if x_rows is not None:
+        xd, xg = xd[x_rows], xg[x_rows]
+    w = dequantize(_unscaled_stack(qw), torch.bfloat16)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=experts.device)
+    counts.scatter_add_(0, experts, torch.ones_like(experts))
+    y = torch._grouped_mm(xd, w.transpose(1, 2), offs=torch.cumsum(counts, 0).to(torch.int32))
+    gw = qw.global_scale.to(torch.float32)[experts]
+    return ((y.to(torch.float32) * xg[:, None]) * gw[:, None]).to(out_dtype)
+
+
+def _unscaled_stack(t: NVFP4Tensor) -> NVFP4Tensor:
+    ones = torch.ones_like(t.global_scale, dtype=torch.float32)
+    return NVFP4Tensor(t.codes, t.block_scales, ones, t.four_over_six, t.shape)
 
 
 def _tiles(experts: torch.Tensor, num_experts: int, block_m: int):

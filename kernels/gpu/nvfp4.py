@@ -11,18 +11,15 @@ from .nvfp4_quantize import nvfp4_dequantize_kernel, nvfp4_quantize_kernel
 E_STANDARD = 448.0
 E_FOUR_OVER_SIX = 256.0
 # Rows of up to this many 16-element blocks are quantised by one program that also reduces their amax.
-_MAX_ROW_BLOCKS = 512
-# Blocks per program when a row is shared by several programs (its amax comes from a reduction first).
-_SPLIT_CHUNK = 256
-# Elements per program that keep a tile in registers without spilling.
-_TILE_ELEMENTS = 8192
-# How the 4/6 kernel adds a block's 16 errors in order (benchmarks/kernels_gpu.py compares both).
-SUM_BY_SPLIT = True
+_MAX_ROW_BLOCKS = 4096
+# Elements per chunk: what one step keeps in registers without spilling (4/6 holds several candidates).
+_CHUNK_ELEMENTS = {False: 4096, True: 1024}
 
 
-def _tile(kb: int, row_in_one_program: bool) -> tuple[int, int]:
-    chunk = triton.next_power_of_2(kb) if row_in_one_program else _SPLIT_CHUNK
-    block_m = max(1, min(64, _TILE_ELEMENTS // (chunk * NVFP4_BLOCK)))
+def _tile(kb: int, four_over_six: bool) -> tuple[int, int]:
+    """``(BLOCK_M, CHUNK)``: rows per program and 16-element blocks per chunk."""
+    chunk = min(triton.next_power_of_2(kb), _CHUNK_ELEMENTS[four_over_six] // NVFP4_BLOCK)
+    block_m = max(1, min(64, _CHUNK_ELEMENTS[four_over_six] // (chunk * NVFP4_BLOCK)))
     return block_m, chunk
 
 
@@ -60,9 +57,10 @@ def quantize(
         amax = torch.zeros((1,), dtype=torch.float32, device=device)
     else:
         amax = torch.linalg.vector_norm(rows, float("inf")).to(torch.float32).reshape(1)
-    block_m, chunk = _tile(kb, amax_in_kernel)
+    block_m, chunk = _tile(kb, bool(four_over_six))
+    num_chunks = triton.cdiv(kb, chunk) if amax_in_kernel else 1
     if m:
-        grid = (triton.cdiv(m, block_m), triton.cdiv(kb, chunk))
+        grid = (triton.cdiv(m, block_m), 1 if amax_in_kernel else triton.cdiv(kb, chunk))
         nvfp4_quantize_kernel[grid](
             rows,
             amax,
@@ -81,8 +79,8 @@ def quantize(
             WRITE_CHOICE=with_choices,
             BLOCK_M=block_m,
             CHUNK=chunk,
-            SPLIT=SUM_BY_SPLIT,
-            num_warps=8 if block_m * chunk * NVFP4_BLOCK >= 4096 else 4,
+            NUM_CHUNKS=num_chunks,
+            num_warps=4,
             enable_fp_fusion=False,
         )
     elif not per_token:
@@ -118,7 +116,7 @@ def dequantize(tensor: NVFP4Tensor, dtype: torch.dtype) -> torch.Tensor:
     if per_row:
         lead = shape[:-1]
         g = g.reshape(*g.shape, *([1] * (len(lead) - g.dim()))).expand(lead).reshape(-1).contiguous()
-    block_m, chunk = _tile(kb, kb <= _MAX_ROW_BLOCKS)
+    block_m, chunk = _tile(kb, False)
     grid = (triton.cdiv(m, block_m), triton.cdiv(kb, chunk))
     nvfp4_dequantize_kernel[grid](
         tensor.codes.contiguous(),

@@ -1,9 +1,11 @@
 """Triton NVFP4 quantise and dequantise, bit-identical to :mod:`nibble.kernels.reference.nvfp4`.
 
-One program handles ``BLOCK_M`` rows × ``CHUNK`` 16-element blocks. With per-token scales and rows
-that fit one chunk, the row's amax is reduced in the kernel from the tile it already holds: one read
-of the input, one write of codes, block scales and global scales. Longer rows (expert stacks
-quantised per expert) get their amax from a separate reduction so that many programs can share a row.
+One program handles ``BLOCK_M`` rows in chunks of ``CHUNK`` 16-element blocks (small enough that the
+4/6 path's intermediates stay in registers). With per-token scales and rows up to a few thousand blocks,
+the program reduces each row's amax in a first pass and quantises in a second whose reads hit the
+cache: one read of the input from memory, one write of codes, block scales and global scales. Longer
+rows (expert stacks quantised per expert) get their amax from a separate reduction so that many
+programs can share a row.
 
 Every step is the float32 operation of DESIGN.md §2.2–2.3 in the same order. The traps §2 lists are
 avoided as follows: divisions use ``tl.div_rn`` (Triton's ``/`` is approximate); the launcher turns
@@ -73,17 +75,6 @@ def e2m1_value(code):
 
 
 @triton.jit
-def _sum16_by_selection(t, BM: tl.constexpr, NB: tl.constexpr):
-    """``t[..., 0] + ... + t[..., 15]`` for non-negative ``t [BM, NB, 16]``, in index order: each term is
-    picked out by a masked sum (adding zeros is exact), then the terms are added one rounding at a time."""
-    idx = tl.arange(0, 16)[None, None, :]
-    s = tl.sum(tl.where(idx == 0, t, 0.0), axis=2)
-    for i in tl.static_range(1, 16):
-        s = s + tl.sum(tl.where(idx == i, t, 0.0), axis=2)
-    return s
-
-
-@triton.jit
 def _sum16_in_order(t, BM: tl.constexpr, NB: tl.constexpr):
     """``t[..., 0] + t[..., 1] + ... + t[..., 15]`` for ``t [BM, NB, 16]``, one rounding per add, in order."""
     even, odd = tl.split(tl.reshape(t, (BM, NB, 8, 2)))  # elements 0,2,..,14 and 1,3,..,15
@@ -130,9 +121,7 @@ def _encode(x, sf, g):
 
 
 @triton.jit
-def _block_error(
-    codes, sf, amax, x, SIX_E: tl.constexpr, MSE: tl.constexpr, BM: tl.constexpr, NB: tl.constexpr, SPLIT: tl.constexpr
-):
+def _block_error(codes, sf, amax, x, SIX_E: tl.constexpr, MSE: tl.constexpr, BM: tl.constexpr, NB: tl.constexpr):
     """4/6 candidate error per block (DESIGN.md §2.3): ``[BM, NB]`` float32."""
     d = e2m1_value(codes) * sf[:, :, None]
     d = d * amax[:, None, None]
@@ -142,9 +131,53 @@ def _block_error(
         per = diff * diff
     else:
         per = tl.abs(diff)
-    if SPLIT:
-        return _sum16_in_order(per, BM, NB)
-    return _sum16_by_selection(per, BM, NB)
+    return _sum16_in_order(per, BM, NB)
+
+
+@triton.jit
+def _load_chunk(x_ptr, rows, row_ok, chunk, KB, stride_xm, CHUNK: tl.constexpr):
+    """Chunk ``chunk`` of ``CHUNK`` 16-element blocks of each row, as float32 ``[BM, CHUNK, 16]``."""
+    blocks = chunk * CHUNK + tl.arange(0, CHUNK)
+    elems = tl.arange(0, 16)
+    mask = row_ok[:, None, None] & (blocks < KB)[None, :, None]
+    offs = rows[:, None, None] * stride_xm + (blocks[None, :, None] * 16 + elems[None, None, :])
+    return tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _quantize_chunk(
+    x, amax, encode, g, rows, row_ok, chunk, KB, codes_ptr, scales_ptr, choice_ptr,
+    E: tl.constexpr, FOUR_OVER_SIX: tl.constexpr, MSE: tl.constexpr, WRITE_CHOICE: tl.constexpr,
+    BLOCK_M: tl.constexpr, CHUNK: tl.constexpr,
+):  # fmt: skip
+    """Steps 3-4 of DESIGN.md §2.2 (and §2.3's choice) for one chunk; stores codes, scales and choices."""
+    blocks = chunk * CHUNK + tl.arange(0, CHUNK)
+    block_ok = blocks < KB
+    bmax = tl.max(tl.abs(x), axis=2)  # [BM, CHUNK]
+    over6 = tl.div_rn(bmax, tl.full(bmax.shape, 6.0, tl.float32))
+    sf, sf_byte = e4m3_round(tl.minimum(over6 * encode[:, None], 448.0))
+    codes = _encode(x, sf, g[:, None])
+    if FOUR_OVER_SIX:
+        sf4, sf4_byte = e4m3_round(tl.minimum((1.5 * over6) * encode[:, None], 448.0))
+        codes4 = _encode(x, sf4, g[:, None])
+        err6 = _block_error(codes, sf, amax, x, E * 6.0, MSE, BLOCK_M, CHUNK)
+        err4 = _block_error(codes4, sf4, amax, x, E * 6.0, MSE, BLOCK_M, CHUNK)
+        to4 = err4 < err6
+        sf_byte = tl.where(to4, sf4_byte, sf_byte)
+        codes = tl.where(to4[:, :, None], codes4, codes)
+        if WRITE_CHOICE:
+            tl.store(
+                choice_ptr + rows[:, None] * KB + blocks[None, :],
+                to4.to(tl.uint8),
+                mask=row_ok[:, None] & block_ok[None, :],
+            )
+
+    nibble_weight = tl.where(tl.arange(0, 2) == 0, 1, 16)[None, None, None, :]
+    packed = tl.sum(tl.reshape(codes.to(tl.int32), (BLOCK_M, CHUNK, 8, 2)) * nibble_weight, axis=3).to(tl.uint8)
+    pairs = tl.arange(0, 8)
+    code_offs = rows[:, None, None] * (KB * 8) + (blocks[None, :, None] * 8 + pairs[None, None, :])
+    tl.store(codes_ptr + code_offs, packed, mask=row_ok[:, None, None] & block_ok[None, :, None])
+    tl.store(scales_ptr + rows[:, None] * KB + blocks[None, :], sf_byte, mask=row_ok[:, None] & block_ok[None, :])
 
 
 @triton.jit
@@ -166,24 +199,25 @@ def nvfp4_quantize_kernel(
     WRITE_CHOICE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     CHUNK: tl.constexpr,
-    SPLIT: tl.constexpr,
+    NUM_CHUNKS: tl.constexpr,
 ):
     """Quantise rows ``x [M, KB*16]`` (float32/bf16/fp16) into codes ``uint8 [M, KB*8]``, block-scale bytes
-    ``uint8 [M, KB]`` and decode scales ``float32 [M]`` (per token) or ``[1]`` (per tensor)."""
+    ``uint8 [M, KB]`` and decode scales ``float32 [M]`` (per token) or ``[1]`` (per tensor).
+
+    With ``AMAX_IN_KERNEL`` one program owns whole rows: a first pass over its ``NUM_CHUNKS`` chunks reduces
+    the row amax, the second quantises them (the re-read is served by the cache). Otherwise the amax comes
+    from ``amax_ptr`` and each program quantises one chunk (``NUM_CHUNKS == 1``).
+    """
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    blocks = pid_k * CHUNK + tl.arange(0, CHUNK)
-    elems = tl.arange(0, 16)
     row_ok = rows < M
-    block_ok = blocks < KB
-    mask = row_ok[:, None, None] & block_ok[None, :, None]
-    offs = rows[:, None, None].to(tl.int64) * stride_xm + (blocks[None, :, None] * 16 + elems[None, None, :])
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    bmax = tl.max(tl.abs(x), axis=2)  # [BM, CHUNK]
-
+    rows = rows.to(tl.int64)
     if AMAX_IN_KERNEL:
-        amax = tl.max(bmax, axis=1)
+        amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for c in tl.range(0, NUM_CHUNKS):
+            x = _load_chunk(x_ptr, rows, row_ok, c, KB, stride_xm, CHUNK)
+            amax = tl.maximum(amax, tl.max(tl.max(tl.abs(x), axis=2), axis=1))
     elif PER_TOKEN:
         amax = tl.load(amax_ptr + rows, mask=row_ok, other=0.0)
     else:
@@ -192,29 +226,13 @@ def nvfp4_quantize_kernel(
     six_e = tl.full(amax.shape, E * 6.0, tl.float32)
     encode = tl.where(zero_outer, 1.0, tl.div_rn(six_e, tl.where(zero_outer, 1.0, amax)))
     g = tl.div_rn(tl.full(encode.shape, 1.0, tl.float32), encode)
-
-    over6 = tl.div_rn(bmax, tl.full(bmax.shape, 6.0, tl.float32))
-    sf, sf_byte = e4m3_round(tl.minimum(over6 * encode[:, None], 448.0))
-    codes = _encode(x, sf, g[:, None])
-    if FOUR_OVER_SIX:
-        sf4, sf4_byte = e4m3_round(tl.minimum((1.5 * over6) * encode[:, None], 448.0))
-        codes4 = _encode(x, sf4, g[:, None])
-        err6 = _block_error(codes, sf, amax, x, E * 6.0, MSE, BLOCK_M, CHUNK, SPLIT)
-        err4 = _block_error(codes4, sf4, amax, x, E * 6.0, MSE, BLOCK_M, CHUNK, SPLIT)
-        to4 = err4 < err6
-        sf_byte = tl.where(to4, sf4_byte, sf_byte)
-        codes = tl.where(to4[:, :, None], codes4, codes)
-        if WRITE_CHOICE:
-            choice_offs = rows[:, None].to(tl.int64) * KB + blocks[None, :]
-            tl.store(choice_ptr + choice_offs, to4.to(tl.uint8), mask=row_ok[:, None] & block_ok[None, :])
-
-    nibble_weight = tl.where(tl.arange(0, 2) == 0, 1, 16)[None, None, None, :]
-    packed = tl.sum(tl.reshape(codes.to(tl.int32), (BLOCK_M, CHUNK, 8, 2)) * nibble_weight, axis=3).to(tl.uint8)
-    pairs = tl.arange(0, 8)
-    code_offs = rows[:, None, None].to(tl.int64) * (KB * 8) + (blocks[None, :, None] * 8 + pairs[None, None, :])
-    tl.store(codes_ptr + code_offs, packed, mask=row_ok[:, None, None] & block_ok[None, :, None])
-    scale_offs = rows[:, None].to(tl.int64) * KB + blocks[None, :]
-    tl.store(scales_ptr + scale_offs, sf_byte, mask=row_ok[:, None] & block_ok[None, :])
+    for i in tl.range(0, NUM_CHUNKS):
+        c = pid_k * NUM_CHUNKS + i
+        x = _load_chunk(x_ptr, rows, row_ok, c, KB, stride_xm, CHUNK)
+        _quantize_chunk(
+            x, amax, encode, g, rows, row_ok, c, KB, codes_ptr, scales_ptr, choice_ptr,
+            E, FOUR_OVER_SIX, MSE, WRITE_CHOICE, BLOCK_M, CHUNK,
+        )  # fmt: skip
     if PER_TOKEN:
         tl.store(g_ptr + rows, g, mask=row_ok & (pid_k == 0))
     else:
