@@ -12,7 +12,7 @@ from .nvfp4_gemm import nvfp4_gemm_kernel
 
 # From this many rows on, decoding inside the GEMM costs more than decoding the operands once and using
 # the vendor bf16 GEMM (measured side by side by benchmarks/kernels_gpu.py on the H200).
-DEQUANTIZE_FALLBACK_ROWS = 64
+DEQUANTIZE_FALLBACK_ROWS = 8
 # The same for the grouped GEMM (rows = tokens x top-k), where torch._grouped_mm exists.
 GROUPED_FALLBACK_ROWS = 4096
 

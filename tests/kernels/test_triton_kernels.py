@@ -13,7 +13,8 @@ from nibble.kernels import backend, gemm, nvfp4
 from nibble.kernels.tensors import NVFP4Tensor
 from tests.helpers import assert_same_bits, gaussian, heavy_tailed, parity_inputs
 
-pytestmark = pytest.mark.skipif(not backend.triton_available(), reason="the triton package is not installed")
+pytest.importorskip("triton", reason="the triton package is not installed")
+from nibble.kernels.gpu import gemm as gpu_gemm  # imports triton, hence after the skip
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -95,6 +96,8 @@ def test_gemm_matches_float64_products_of_the_same_codes(m, n, k):
     ref = qx.dequantize(torch.float64).cpu() @ qw.dequantize(torch.float64).cpu().T
     assert y.shape == (m, n) and y.dtype == torch.float32
     assert _rel_frobenius(y, ref) < 1e-4
+    # on CUDA matmul switches to dequantise + cuBLAS from a few rows on: check the packed kernel at every M
+    assert _rel_frobenius(gpu_gemm.packed_matmul(qx, qw, torch.float32), ref) < 1e-4
     cpu_qw = NVFP4Tensor(qw.codes.cpu(), qw.block_scales.cpu(), qw.global_scale.cpu(), True, qw.shape)
     assert _rel_frobenius(gemm.matmul(ref_qx, cpu_qw, out_dtype=torch.float64, backend="reference"), ref) < 1e-12
 
