@@ -21,8 +21,18 @@ from nibble.recipe.quant import QuantizedWeight, quantize_activation, quantize_w
 
 
 def bf16_operand(weight: torch.Tensor, plan: PrecisionPlan) -> torch.Tensor:
-    """A high-precision weight as both sides see it: its bf16 cast, in the plan's compute dtype."""
-    return weight.to(torch.bfloat16).to(plan.torch_compute_dtype)
+    """A high-precision weight as both sides see it: its bf16 cast, in the plan's compute dtype.
+
+    In float32 compute the cast is straight-through for autograd: the forward value is exactly the bf16
+    cast (``w + (bf16(w) - w)`` is exact: the difference of two floats within a factor 2 of each other is
+    representable), while the gradient reaches the float32 master unrounded — a gradient rounded to bf16
+    would lose the precision the float32 master exists for, and would make sums of gradient shards
+    (data-parallel ranks) differ from the whole.
+    """
+    cast = weight.to(torch.bfloat16).to(plan.torch_compute_dtype)
+    if cast.dtype != weight.dtype or not weight.requires_grad:
+        return cast
+    return weight + (cast - weight).detach()
 
 
 class PlannedLinear(nn.Module):

@@ -10,8 +10,17 @@ import torch
 from nibble.config import TrainerConfig
 from nibble.model import MoETransformer
 from nibble.model.scoring import score
-from nibble.rl import correction_ratios, group_advantages, mismatch_stats, policy_loss, zero_std_groups
+from nibble.rl import (
+    correction_ratios,
+    group_advantages,
+    mismatch_stats,
+    policy_loss,
+    valid_token_mask,
+    zero_std_groups,
+)
+from nibble.trainer import sharded
 from nibble.trainer.batch import Batch
+from nibble.trainer.sharded import Shard
 
 
 @dataclass
@@ -43,9 +52,13 @@ def train_on_batch(
     batch: Batch,
     config: TrainerConfig,
     reference: MoETransformer | None = None,
+    shard: Shard | None = None,
 ) -> StepResult:
     """Run ``config.updates_per_batch`` optimiser steps over whole groups of ``batch``; with
-    ``reference`` (a frozen copy of the warm start) a k3 KL penalty of weight ``config.kl_coef`` is added."""
+    ``reference`` (a frozen copy of the warm start) a k3 KL penalty of weight ``config.kl_coef`` is added.
+
+    With ``shard`` (an FSDP2-sharded ``model``, :mod:`nibble.trainer.sharded`) every rank passes the same
+    ``batch`` and trains on its share of each update's groups; the loss returned is the whole update's."""
     old = old_policy(model, batch)
     ref = old_policy(reference, batch).logprobs if reference is not None else None
     advantages = group_advantages(batch.rewards, batch.group_index)
@@ -55,10 +68,9 @@ def train_on_batch(
     updates = _split(keep_groups, config.updates_per_batch)
     losses, norms, skipped, stats_list, tokens = [], [], 0, [], 0
     for groups in updates:
-        rows = batch.rows_of_groups(groups)
-        if not len(rows):
+        if not len(batch.rows_of_groups(groups)):
             continue
-        loss, stats, norm = _update(model, optimizer, batch, old.logprobs, ref, advantages, rows, config)
+        loss, stats, norm = _update(model, optimizer, batch, old.logprobs, ref, advantages, groups, config, shard)
         if loss is None:
             skipped += 1
             continue
@@ -90,7 +102,15 @@ def train_on_batch(
     )
 
 
-def _update(model, optimizer, batch: Batch, old_logprobs, ref_logprobs, advantages, rows, config: TrainerConfig):
+def _update(model, optimizer, batch: Batch, old_logprobs, ref_logprobs, advantages, groups, config, shard):
+    rows = batch.rows_of_groups(groups)
+    num_valid, share = None, 1.0
+    if shard is not None:
+        level = config.correction_level
+        num_valid = int(valid_token_mask(batch.sampler_logprobs[rows], batch.mask[rows], correction_level=level).sum())
+        rows = batch.rows_of_groups(shard.local_groups(groups))
+        if not len(rows):  # a rank without groups still joins the collectives, contributing nothing
+            rows, share = batch.rows_of_groups(groups)[:1], 0.0
     current = score(
         model, [batch.prompts[i] for i in rows], [batch.responses[i] for i in rows], temperature=batch.temperature
     )
@@ -108,17 +128,23 @@ def _update(model, optimizer, batch: Batch, old_logprobs, ref_logprobs, advantag
         cap=config.cap,
         ref_logprobs=None if ref_logprobs is None else ref_logprobs[rows, :width],
         kl_coef=config.kl_coef if ref_logprobs is not None else 0.0,
+        num_valid_tokens=num_valid,
     )
+    loss = loss * share
     optimizer.zero_grad(set_to_none=True)
-    if not torch.isfinite(loss):
+    finite = bool(torch.isfinite(loss))
+    if shard is not None:  # every rank must take the same branch (the backward is collective)
+        finite = sharded.all_sum(0.0 if finite else 1.0) == 0.0
+    if not finite:
         return None, stats, float("nan")
-    loss.backward()
-    norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
+    (loss if shard is None else loss * sharded.backward_scale(shard)).backward()
+    norm = sharded.full_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
     if not math.isfinite(norm):
         optimizer.zero_grad(set_to_none=True)
         return None, stats, norm
     optimizer.step()
-    return loss.item(), stats, norm
+    total = loss.item() if shard is None else sharded.all_sum(loss.item())
+    return total, stats, norm
 
 
 def _split(groups: list[int], parts: int) -> list[list[int]]:
