@@ -143,7 +143,8 @@ class Trainer:
     def publish(self) -> None:
         version = self.state.policy_version + 1
         if self.publisher is not None:
-            self.publisher.publish(version, published_state(self.model), self.model.plan)
+            reply = self.publisher.publish(version, published_state(self.model), self.model.plan)
+            self.metrics.weight_bytes.labels(role="trainer").inc(reply.bytes_received)
         self.state.policy_version = version
         self.admission.set_trainer_version(version)
         self.metrics.policy_version.labels(role="trainer").set(version)
