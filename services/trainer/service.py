@@ -191,6 +191,7 @@ class Trainer:
             "grad_norm": result.grad_norm,
             "reward_mean": float(batch.rewards.mean()),
             "staleness_mean": float(batch.staleness.float().mean()),
+            "staleness_max": int(batch.staleness.max()),
             "idle_seconds": consumed.idle_seconds,
             "trained_tokens": result.trained_tokens,
             "trained_trajectories": len(batch.trajectory_ids),

@@ -1,6 +1,5 @@
 """Weight-sync over real gRPC on loopback: publish → announce → fetch → apply, and every refusal."""
 
-import hashlib
 import queue
 import shutil
 import subprocess
@@ -16,6 +15,7 @@ from nibble.recipe.export import load_sampler_state, quantize_state
 from nibble.transport import WeightPublisherClient, WeightRejected, WeightSubscriber, stream_items
 from nibble.transport.grpc_util import open_channel
 from nibble.wire import pb
+from tests.helpers import corrupted
 from tests.weightsync.conftest import FETCH_TOKEN, PUBLISH_TOKEN
 
 
@@ -53,30 +53,6 @@ def test_a_published_version_is_announced_fetched_and_reproduces_the_trainers_lo
     expert = "model.layers.0.mlp.experts.gate_up_proj"
     assert 0 < m.value("nibble_quant_rel_error", layer=expert) < 0.05
     assert harness.publisher(server).latest_version() == 1
-
-
-def corrupted(items: list[pb.WeightStreamItem], how: str) -> list[pb.WeightStreamItem]:
-    items = [pb.WeightStreamItem.FromString(item.SerializeToString()) for item in items]
-    chunk = items[2].chunk
-    if how == "bad_checksum":
-        chunk.data = bytes([chunk.data[0] ^ 1]) + chunk.data[1:]
-    elif how == "digest_mismatch":
-        items[0].manifest.digest = hashlib.sha256(b"something else").hexdigest()
-    elif how == "missing_chunks":
-        items = items[:-1]
-    elif how == "out_of_order":
-        items = items[:2] + items[3:]
-    elif how == "unknown_chunk":
-        checksum = hashlib.sha256(b"x").hexdigest()
-        extra = pb.WeightChunk(policy_version=2, index=len(items) - 1, data=b"x", checksum=checksum)
-        items.append(pb.WeightStreamItem(chunk=extra))
-    elif how == "bad_extent":
-        items[0].manifest.tensors[0].offset = items[0].manifest.total_bytes
-    elif how == "bad_tensor":  # a name the plan places outside the model's 4 layers
-        items[0].manifest.tensors[0].name = "model.layers.9.mlp.experts.down_proj"
-    elif how == "layout_mismatch":  # a (bf16) tensor version 1 did not have: no sampler could load it
-        items[0].manifest.tensors[0].name = "model.layers.0.self_attn.extra.weight"
-    return items
 
 
 @pytest.mark.parametrize(
