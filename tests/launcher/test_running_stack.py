@@ -38,6 +38,7 @@ from tests.services import PROMETHEUS, PrometheusServer
 MAX_STALENESS = 1
 MIN_STEPS = 8
 SAMPLERS = ("sampler-0", "sampler-1")
+INJECTED = "test-injected"  # sampler_id of the groups a test writes itself
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +155,10 @@ def trained_groups_and_admission(stack: Stack) -> tuple[dict[str, tuple[int, int
                 continue  # the garbage entry of the dead-letter test
             if validate_group(group) is not None:
                 continue
-            groups[command[2]], written = group, written + 1
+            groups[command[2]] = group
+            if group.sampler_id == INJECTED:
+                continue  # the test's own, written without a slot
+            written += 1
             # every written group held a slot: written ≤ reserved = started + released
             allowed = allowed_groups(version, MAX_STALENESS, t.groups_per_step) + released
             assert written <= allowed, f"{written} groups written at trainer version {version} ({released} released)"
@@ -169,7 +173,17 @@ def trained_groups_and_admission(stack: Stack) -> tuple[dict[str, tuple[int, int
 
 
 def test_trained_groups_are_at_most_1_version_old_and_admission_bounds_what_samplers_start(stack):
+    # admission control keeps samplers from producing such groups: inject one, 2 versions old
+    stack.wait_for_step(2)
+    admission = AdmissionCounter(stack.redis.client(), stack.config.redis)
+    stale = trajectory_group("stale", size=4, sampler_id=INJECTED, version=admission.trainer_version() - 2)
+    stack.redis.client().xadd(stack.config.redis.stream, {b"group": stale.SerializeToString()})
+    stack.wait_for(
+        lambda: stack.value("trainer", "nibble_stale_dropped_total") >= 4, "the trainer drops the stale group"
+    )
     stack.finish_training(MIN_STEPS)
+    state = checkpoint.load_state(checkpoint.latest(stack.config.trainer.checkpoint_dir))
+    assert {r.trajectory_id for r in stale.responses} <= set(state.stale_dropped) - set(state.trained)
     records = stack.steps()
     assert len(records) >= MIN_STEPS
     # the trainer's own view: its records and its histogram
