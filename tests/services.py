@@ -179,4 +179,5 @@ class PrometheusServer:
         pytest.fail(f"prometheus did not scrape every target within {timeout} s: {health} {self.log_tail()}")
 
     def log_tail(self) -> str:
+        """The end of Prometheus's own log (for failure messages)."""
         return (self.directory / "prometheus.log").read_text()[-2000:]

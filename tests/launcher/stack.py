@@ -166,6 +166,7 @@ class Stack:
             time.sleep(0.2)
 
     def wait_for_step(self, step: int, timeout: float = 240) -> None:
+        """Until the trainer has recorded ``step`` (failing early when a process died)."""
         wait_for_step(self.out, step, timeout, alive=self.check_alive)
 
     def steps(self) -> list[dict]:
@@ -189,8 +190,10 @@ class Stack:
         assert code == 0, self.trainer.log.read_text()[-3000:]
 
     def logs(self) -> dict[str, str]:
+        """Each process's log so far, by process name."""
         return {child.name: child.log.read_text() for child in self.cluster.children}
 
     def stop(self) -> None:
+        """SIGTERM every process (the launcher's grace period, then SIGKILL), then stop Redis."""
         self.cluster.stop()
         self.redis.stop()
