@@ -7,7 +7,11 @@ so dashboards and alerts see it before the first event.
 
 from __future__ import annotations
 
+from wsgiref.simple_server import WSGIServer
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from nibble.transport import validate, weights
 
 ROLES = ("sampler", "trainer", "weightsync")
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16)
@@ -15,9 +19,27 @@ IS_WEIGHT_BUCKETS = (0.125, 0.177, 0.25, 0.354, 0.5, 0.707, 1.0, 1.414, 2.0, 2.8
 RESPONSE_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 SYNC_SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
-# Reasons pre-created so their series exist from the start (more appear as they happen).
-DEAD_LETTER_REASONS = ("undecodable", "invalid")
-REJECT_REASONS = ("bad_chunk", "bad_manifest", "unauthenticated", "stale_version", "bad_token", "bad_response")
+ROLE_LABELLED = ("nibble_policy_version", "nibble_tokens_total", "nibble_weight_bytes_total")
+"""The families labelled ``role`` (DESIGN.md §6); :meth:`Metrics.value` fills that label in for them."""
+
+# Reasons pre-created so their series exist from the start (more could appear as they happen). Every
+# role pre-creates all of them, so a scrape of any service lists every series of every family.
+DEAD_LETTER_REASONS = validate.REASONS
+"""Every ``reason`` of ``nibble_dead_lettered_total``: the codes of the stream's validation."""
+REJECT_REASONS = (
+    *weights.REASONS,
+    "stale_version",
+    "bad_plan",
+    "bad_tensor",
+    "layout_mismatch",
+    "bad_token",
+    "bad_response",
+)
+"""Every ``reason`` of ``nibble_rejected_total``: weight-sync's (the weight assembler's reasons, a version
+not above the newest held, an unreadable plan, tensors the plan cannot quantise, a layout that differs
+from the versions held, a missing or wrong bearer token) and the sampler's (a fetched version that
+failed verification or does not fit its model: ``bad_manifest``; responses removed from a group:
+``bad_response``)."""
 
 
 class Metrics:
@@ -91,7 +113,12 @@ class Metrics:
             buckets=SYNC_SECONDS_BUCKETS,
             registry=r,
         )
-        self.weight_bytes = Counter("nibble_weight_bytes_total", "bytes moved for weights", ["role"], registry=r)
+        self.weight_bytes = Counter(
+            "nibble_weight_bytes_total",
+            "bytes moved for weights: published (trainer), received plus served (weightsync), fetched (sampler)",
+            ["role"],
+            registry=r,
+        )
         self.quant_rel_error = Gauge(
             "nibble_quant_rel_error", "relative MSE of NVFP4 weights vs their bf16 cast", ["layer"], registry=r
         )
@@ -112,7 +139,16 @@ class Metrics:
             self.rejected.labels(reason=reason)
         self.quant_rel_error.labels(layer="all")
 
-    def serve(self, port: int, host: str = "127.0.0.1") -> int:
-        """Expose ``/metrics`` over HTTP on ``port`` (0 = any free port); return the bound port."""
+    def value(self, name: str, **labels: str) -> float:
+        """A sample's current value (0 when absent), e.g. ``value("nibble_rejected_total", reason="bad_checksum")``;
+        ``role`` is this registry's for the role-labelled families unless given."""
+        if name in ROLE_LABELLED:
+            labels.setdefault("role", self.role)
+        found = self.registry.get_sample_value(name, labels)
+        return 0.0 if found is None else found
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> WSGIServer:
+        """Expose ``/metrics`` over HTTP on ``host:port`` (0 = any free port) from a daemon thread; returns
+        the server (``server_port`` is the bound port; ``shutdown()`` stops it)."""
         server, _thread = start_http_server(port, addr=host, registry=self.registry)
-        return server.server_port
+        return server

@@ -40,10 +40,15 @@ def stream_config(redis_server):
 @pytest.fixture(scope="session")
 def warm_start(tmp_path_factory):
     """One ``nibble sft`` warm start per test session (≈ 1 minute), shared by the CLI and service tests;
-    at the run config's target (0.2), which leaves RL room to show."""
+    at the run config's target (0.2), which leaves RL room to show. ``NIBBLE_TEST_WARM_START=DIR`` reuses
+    one made earlier (``nibble sft --out DIR --target-accuracy 0.2``) when iterating on system tests."""
+    import os
     import subprocess
     import sys
     from pathlib import Path
+
+    if os.environ.get("NIBBLE_TEST_WARM_START"):
+        return Path(os.environ["NIBBLE_TEST_WARM_START"])
 
     out = tmp_path_factory.mktemp("warm") / "ckpt"
     nibble = str(Path(sys.executable).with_name("nibble"))

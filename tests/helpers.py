@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -218,3 +220,75 @@ def assert_same_bits(cpu: torch.Tensor, cuda: torch.Tensor, what: str) -> None:
         cpu, cuda = cpu.view(torch.int32), cuda.view(torch.int32)
     mismatches = int((cpu != cuda).sum())
     assert mismatches == 0, f"{what}: {mismatches} of {cpu.numel()} differ"
+
+
+DESIGN_METRICS = {
+    "nibble_policy_version": ("gauge", "role"),
+    "nibble_staleness_steps": ("histogram", None),
+    "nibble_stale_dropped_total": ("counter", None),
+    "nibble_mismatch_kl": ("gauge", None),
+    "nibble_logprob_abs_diff": ("gauge", None),
+    "nibble_fresh_mismatch_kl": ("gauge", None),
+    "nibble_fresh_logprob_abs_diff": ("gauge", None),
+    "nibble_is_weight": ("histogram", None),
+    "nibble_is_clipped_fraction": ("gauge", None),
+    "nibble_grad_norm": ("gauge", None),
+    "nibble_skipped_steps_total": ("counter", None),
+    "nibble_entropy": ("gauge", None),
+    "nibble_reward_mean": ("gauge", None),
+    "nibble_eval_accuracy": ("gauge", None),
+    "nibble_response_tokens": ("histogram", None),
+    "nibble_truncated_fraction": ("gauge", None),
+    "nibble_zero_std_group_fraction": ("gauge", None),
+    "nibble_queue_depth": ("gauge", None),
+    "nibble_trainer_idle_seconds_total": ("counter", None),
+    "nibble_sampler_demand": ("gauge", None),
+    "nibble_dead_lettered_total": ("counter", "reason"),
+    "nibble_rejected_total": ("counter", "reason"),
+    "nibble_tokens_total": ("counter", "role"),
+    "nibble_weight_sync_seconds": ("histogram", None),
+    "nibble_weight_bytes_total": ("counter", "role"),
+    "nibble_quant_rel_error": ("gauge", "layer"),
+    "nibble_four_over_six_fraction": ("gauge", None),
+    "nibble_drift_headroom": ("gauge", None),
+}
+"""DESIGN.md §6, as written there: every metric's name, type and label (``None``: no label)."""
+
+
+def corrupted(items: list[pb.WeightStreamItem], how: str) -> list[pb.WeightStreamItem]:
+    """A copy of a publication's stream items (manifest, then ≥ 3 chunks) spoilt as ``how`` says: one of
+    weight-sync's rejection reasons (``layout_mismatch``: a tensor the versions held do not have)."""
+    items = [pb.WeightStreamItem.FromString(item.SerializeToString()) for item in items]
+    chunk = items[2].chunk
+    if how == "bad_checksum":
+        chunk.data = bytes([chunk.data[0] ^ 1]) + chunk.data[1:]
+    elif how == "digest_mismatch":
+        items[0].manifest.digest = hashlib.sha256(b"something else").hexdigest()
+    elif how == "missing_chunks":
+        items = items[:-1]
+    elif how == "out_of_order":
+        items = items[:2] + items[3:]
+    elif how == "unknown_chunk":
+        checksum = hashlib.sha256(b"x").hexdigest()
+        version = items[0].manifest.policy_version
+        extra = pb.WeightChunk(policy_version=version, index=len(items) - 1, data=b"x", checksum=checksum)
+        items.append(pb.WeightStreamItem(chunk=extra))
+    elif how == "bad_extent":
+        items[0].manifest.tensors[0].offset = items[0].manifest.total_bytes
+    elif how == "bad_tensor":  # a name the plan places outside the model's 4 layers
+        items[0].manifest.tensors[0].name = "model.layers.9.mlp.experts.down_proj"
+    elif how == "layout_mismatch":  # a (bf16) tensor the versions held lack: no sampler could load it
+        items[0].manifest.tensors[0].name = "model.layers.0.self_attn.extra.weight"
+    return items
+
+
+def raw_publish(target: str, items: Iterable[pb.WeightStreamItem], token: str | None) -> pb.PublishReply:
+    """Send hand-made stream items to weight-sync's publish port at ``target`` (``host:port``), to corrupt
+    them; returns the reply or raises grpc.RpcError."""
+    from nibble.transport import bearer_metadata
+    from nibble.transport.grpc_util import open_channel
+    from nibble.wire import rpc
+
+    with open_channel(target) as channel:
+        stub = rpc.WeightPublisherStub(channel)
+        return stub.PublishWeights(iter(list(items)), metadata=bearer_metadata(token), timeout=30)

@@ -1,11 +1,15 @@
-"""Real services the tests run against (one place): a throw-away ``redis-server`` on a free loopback port."""
+"""Real services the tests run against (one place): a throw-away ``redis-server`` and a ``prometheus``, each
+on a free loopback port."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
 import time
+import urllib.parse
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -109,3 +113,71 @@ def redis_config(url: str, **overrides) -> RedisConfig:
         "retry_seconds": 2.0,
     }
     return RedisConfig(url=url, **{**names, **overrides})
+
+
+PROMETHEUS = shutil.which("prometheus")
+
+
+class PrometheusServer:
+    """A ``prometheus`` child process on a free loopback port, its data in ``directory``, scraping
+    ``targets`` (job name → ``host:port`` addresses of ``/metrics``) every second. Use as a context manager."""
+
+    def __init__(self, directory: Path, targets: dict[str, list[str]]):
+        if PROMETHEUS is None:
+            raise FileNotFoundError("prometheus is not installed (scripts/setup installs Debian's)")
+        self.directory, self.targets = Path(directory), targets
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> PrometheusServer:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        jobs = [{"job_name": job, "static_configs": [{"targets": hosts}]} for job, hosts in self.targets.items()]
+        config = {"global": {"scrape_interval": "1s", "scrape_timeout": "1s"}, "scrape_configs": jobs}
+        (self.directory / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
+        self.log = (self.directory / "prometheus.log").open("wb")
+        self.process = subprocess.Popen(
+            [PROMETHEUS, f"--config.file={self.directory / 'prometheus.yml'}",
+             f"--storage.tsdb.path={self.directory / 'data'}", f"--web.listen-address=127.0.0.1:{self.port}"],
+            stdout=self.log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()
+
+    def api(self, path: str, **params: str) -> object:
+        """The ``data`` of a successful HTTP API answer (``/api/v1/<path>``)."""
+        query = urllib.parse.urlencode(params)
+        with urllib.request.urlopen(f"{self.url}/api/v1/{path}?{query}", timeout=10) as reply:
+            body = json.loads(reply.read())
+        assert body["status"] == "success", body
+        return body["data"]
+
+    def wait_until_scraped(self, timeout: float = 60.0) -> None:
+        """Until every target was scraped successfully at least once (fails naming the ones that were not)."""
+        deadline = time.monotonic() + timeout
+        health: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                pytest.fail(f"prometheus exited ({self.process.returncode}): {self.log_tail()}")
+            try:
+                active = self.api("targets", state="active")["activeTargets"]
+            except OSError:
+                active = []  # not listening yet
+            health = {t["scrapeUrl"]: t["health"] for t in active}
+            if len(health) == sum(map(len, self.targets.values())) and set(health.values()) == {"up"}:
+                return
+            time.sleep(0.5)
+        pytest.fail(f"prometheus did not scrape every target within {timeout} s: {health} {self.log_tail()}")
+
+    def log_tail(self) -> str:
+        """The end of Prometheus's own log (for failure messages)."""
+        return (self.directory / "prometheus.log").read_text()[-2000:]

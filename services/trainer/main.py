@@ -48,7 +48,8 @@ def build(config, out: Path, stop: threading.Event):
         checkpoint.load_optimizer(resume, model, optimizer)
         state = checkpoint.load_state(resume)
     metrics = Metrics("trainer")
-    metrics.serve(t.metrics_port)
+    port = metrics.serve(t.metrics_port).server_port
+    logging.getLogger("nibble").info("metrics on http://127.0.0.1:%d/metrics", port)
     client = connect(config.redis)
     reader = TrajectoryReader(
         client,

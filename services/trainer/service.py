@@ -143,7 +143,8 @@ class Trainer:
     def publish(self) -> None:
         version = self.state.policy_version + 1
         if self.publisher is not None:
-            self.publisher.publish(version, published_state(self.model), self.model.plan)
+            reply = self.publisher.publish(version, published_state(self.model), self.model.plan)
+            self.metrics.weight_bytes.labels(role="trainer").inc(reply.bytes_received)
         self.state.policy_version = version
         self.admission.set_trainer_version(version)
         self.metrics.policy_version.labels(role="trainer").set(version)
@@ -190,6 +191,7 @@ class Trainer:
             "grad_norm": result.grad_norm,
             "reward_mean": float(batch.rewards.mean()),
             "staleness_mean": float(batch.staleness.float().mean()),
+            "staleness_max": int(batch.staleness.max()),
             "idle_seconds": consumed.idle_seconds,
             "trained_tokens": result.trained_tokens,
             "trained_trajectories": len(batch.trajectory_ids),

@@ -1,6 +1,7 @@
 """The weight-sync service (DESIGN.md §5): versioned weight store, quantise-once, fan-out to samplers.
 
 ``main`` is the entry point (``python -m nibble.weightsync --config FILE`` or ``nibble weightsync``);
-``server`` holds the gRPC servers, ``store`` the versions on disk, ``quality`` and ``metrics`` what it
-reports. This module imports none of them, so the entry point parses its config before torch loads.
+``server`` holds the gRPC servers, ``store`` the versions on disk, ``quality`` what it measures of the
+quantisation (the metric families are ``nibble.metrics``'s, as for every service). This module imports
+none of them, so the entry point parses its config before torch loads.
 """

@@ -16,16 +16,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pydantic
+import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from nibble.config import WeightSyncConfig
+from nibble.metrics import Metrics
 from nibble.recipe.export import quantize_state
 from nibble.recipe.plan import PrecisionPlan
 from nibble.transport.auth import FETCH_TOKEN_ENV, PUBLISH_TOKEN_ENV, BearerTokenInterceptor, read_token
 from nibble.transport.grpc_util import add_port, server_options
-from nibble.transport.weights import WeightAssembler, WeightRejected, pass_frames
+from nibble.transport.weights import WeightAssembler, WeightRejected, dtype_name, pass_frames
 from nibble.weightsync import quality
-from nibble.weightsync.metrics import WeightSyncMetrics
 from nibble.weightsync.store import WeightStore
 from nibble.wire import pb, rpc
 
@@ -45,11 +46,11 @@ WAKE_SECONDS = 1.0
 class WeightSync:
     """The service's state and logic, shared by the servicers: store, metrics, watchers."""
 
-    def __init__(self, config: WeightSyncConfig, metrics: WeightSyncMetrics):
+    def __init__(self, config: WeightSyncConfig, metrics: Metrics):
         self.config = config
         self.metrics = metrics
         self.store = WeightStore(config.store_dir, config.keep_versions)
-        self.metrics.set_version(self.store.latest())
+        self._set_version()
         self._changed = threading.Condition()
         self._closing = False
         self._publish_lock = threading.Lock()
@@ -71,6 +72,7 @@ class WeightSync:
             quantized_at = time.time()
             with self._publish_lock:
                 self._check_newer(manifest.policy_version)
+                self._check_layout(manifest.policy_version, quantized)
                 stored = self.store.put(
                     manifest.policy_version,
                     quantized,
@@ -79,10 +81,10 @@ class WeightSync:
                     chunk_bytes=self.config.chunk_bytes,
                 )
         except WeightRejected as exc:
-            self.metrics.reject(exc.reason)
+            self.metrics.rejected.labels(reason=exc.reason).inc()
             log.warning("publication rejected: %s", exc)
             raise
-        self.metrics.set_version(self.store.latest())
+        self._set_version()
         with self._changed:
             self._changed.notify_all()
         log.info(
@@ -91,7 +93,9 @@ class WeightSync:
             quantized_at - received, time.time() - quantized_at,
         )  # fmt: skip
         measured = quality.measure(tensors, quantized, plan)
-        self.metrics.set_quality(measured.rel_error, measured.four_over_six_fraction)
+        for layer, value in measured.rel_error.items():
+            self.metrics.quant_rel_error.labels(layer=layer).set(value)
+        self.metrics.four_over_six_fraction.set(measured.four_over_six_fraction)
         return pb.PublishReply(policy_version=stored.version, bytes_received=manifest.total_bytes)
 
     def _receive(
@@ -112,7 +116,7 @@ class WeightSync:
                 assembler.add(item)
             manifest, tensors = assembler.result()
         finally:
-            self.metrics.add_bytes("received", assembler.received_bytes)
+            self._count_bytes(assembler.received_bytes)
         return manifest, tensors, plan
 
     def _check_newer(self, version: int) -> None:
@@ -121,6 +125,25 @@ class WeightSync:
             raise WeightRejected(
                 "stale_version", f"version {version} is not above the newest held ({latest}); versions only increase"
             )
+
+    def _check_layout(self, version: int, quantized: dict[str, torch.Tensor]) -> None:
+        """The tensors (names, dtypes, shapes) must be those of the newest version held: samplers hold a
+        model of one layout, so a version with an unknown, missing or reshaped tensor could never be
+        applied and is not announced. The first version held sets the layout."""
+        newest = self.store.newest()
+        if newest is None:
+            return
+        held = {m.name: (m.dtype, tuple(m.shape)) for m in newest.manifest.tensors}
+        got = {name: (dtype_name(t.dtype), tuple(t.shape)) for name, t in quantized.items()}
+        if got == held:
+            return
+        unknown, missing = sorted(set(got) - set(held)), sorted(set(held) - set(got))
+        changed = sorted(n for n in set(got) & set(held) if got[n] != held[n])
+        raise WeightRejected(
+            "layout_mismatch",
+            f"version {version} does not match the layout of version {newest.version}: unknown tensors "
+            f"{unknown[:4]}, missing {missing[:4]}, other dtype or shape {changed[:4]} (a new model needs a new store)",
+        )
 
     def watch(self, after_version: int, context: grpc.ServicerContext) -> Iterator[pb.VersionAnnouncement]:
         """Announcements of held versions above ``after_version``, then of each new one, until the
@@ -149,11 +172,18 @@ class WeightSync:
         yield next(frames)
         for frame in frames:
             yield frame
-            self.metrics.add_bytes("sent", len(frame))
+            self._count_bytes(len(frame))
 
     def versions(self) -> pb.GetVersionReply:
         held = self.store.versions()
         return pb.GetVersionReply(latest_version=max(held, default=0), available_versions=held)
+
+    def _set_version(self) -> None:
+        self.metrics.policy_version.labels(role=self.metrics.role).set(self.store.latest())
+
+    def _count_bytes(self, nbytes: int) -> None:
+        """``nibble_weight_bytes_total``: chunk data received from the trainer and chunk messages served."""
+        self.metrics.weight_bytes.labels(role=self.metrics.role).inc(nbytes)
 
     def wake(self) -> None:
         with self._changed:
@@ -233,7 +263,7 @@ class WeightSyncServer:
 
     def __init__(self, config: WeightSyncConfig, environ: dict[str, str] | None = None):
         self.config = config
-        self.metrics = WeightSyncMetrics()
+        self.metrics = Metrics("weightsync")
         self.sync = WeightSync(config, self.metrics)
         self._tokens = {
             "publish": read_token(config.publish_token_file, PUBLISH_TOKEN_ENV, environ),
@@ -259,7 +289,7 @@ class WeightSyncServer:
             server.start()
         for service in ("", "nibble.wire.WeightPublisher", "nibble.wire.WeightSync"):
             self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
-        self._http = self.metrics.serve(c.host, c.metrics_port)
+        self._http = self.metrics.serve(c.metrics_port, c.host)
         self.metrics_port = self._http.server_port
 
     def stop(self, grace: float | None = None) -> None:
@@ -280,7 +310,9 @@ class WeightSyncServer:
             log.warning("weightsync: no %s token configured; the %s port accepts every caller", name, name)
         else:
             interceptors.append(
-                BearerTokenInterceptor(token, on_reject=lambda _method: self.metrics.reject("bad_token"))
+                BearerTokenInterceptor(
+                    token, on_reject=lambda _method: self.metrics.rejected.labels(reason="bad_token").inc()
+                )
             )
         pool = ThreadPoolExecutor(self.config.server_threads, thread_name_prefix=f"weightsync-{name}")
         server = grpc.server(pool, interceptors=interceptors, options=server_options())

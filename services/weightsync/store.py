@@ -87,6 +87,11 @@ class WeightStore:
         with self._lock:
             return sorted(self._held)
 
+    def newest(self) -> StoredVersion | None:
+        """The newest version held (``None`` when none)."""
+        with self._lock:
+            return self._held[max(self._held)] if self._held else None
+
     def announcements(self) -> list[pb.VersionAnnouncement]:
         """An announcement of every version held, oldest first."""
         with self._lock:

@@ -9,7 +9,6 @@ or still waits in the stream — and policy versions never repeat after the resu
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import yaml
@@ -18,45 +17,17 @@ from nibble.config import load
 from nibble.launcher import Cluster, child_environment, free_port
 from nibble.trainer import checkpoint
 from nibble.wire import pb
+from tests.launcher.stack import ROOT, aof_commands, wait_for_step
 from tests.services import RedisServer
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def resp_commands(data: bytes):
-    """Commands of a RESP stream (Redis's AOF format): lists of bulk strings."""
-    i = 0
-    while i < len(data):
-        assert data[i : i + 1] == b"*", data[i : i + 20]
-        end = data.index(b"\r\n", i)
-        count, i = int(data[i + 1 : end]), end + 2
-        parts = []
-        for _ in range(count):
-            end = data.index(b"\r\n", i)
-            length, i = int(data[i + 1 : end]), end + 2
-            parts.append(data[i : i + length])
-            i += length + 2
-        yield parts
-
-
-def written_ids(aof_dir: Path, stream: str) -> list[str]:
+def written_ids(redis_dir: Path, stream: str) -> list[str]:
     ids = []
-    for file in sorted(aof_dir.glob("*.aof")):
-        for command in resp_commands(file.read_bytes()):
-            if command[0].upper() == b"XADD" and command[1].decode() == stream:
-                group = pb.TrajectoryGroup.FromString(command[command.index(b"group") + 1])
-                ids += [r.trajectory_id for r in group.responses]
+    for command in aof_commands(redis_dir):
+        if command[0].upper() == b"XADD" and command[1].decode() == stream:
+            group = pb.TrajectoryGroup.FromString(command[command.index(b"group") + 1])
+            ids += [r.trajectory_id for r in group.responses]
     return ids
-
-
-def wait_for_step(out: Path, step: int, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        path = out / "metrics.jsonl"
-        if path.is_file() and any(json.loads(x)["step"] >= step for x in path.read_text().splitlines()):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"the trainer did not reach step {step} in {timeout} s")
 
 
 def test_kill_9_of_a_sampler_and_of_the_trainer_loses_and_duplicates_nothing(warm_start, tmp_path):
@@ -101,7 +72,7 @@ def test_kill_9_of_a_sampler_and_of_the_trainer_loses_and_duplicates_nothing(war
         for r in pb.TrajectoryGroup.FromString(fields[b"group"]).responses
     ]
     redis.stop()
-    written = written_ids(tmp_path / "redis" / "appendonlydir", config.redis.stream)
+    written = written_ids(tmp_path / "redis", config.redis.stream)
     state = checkpoint.load_state(checkpoint.latest(out / "trainer"))
     trained, dropped = state.trained, state.stale_dropped
     assert state.step == 14

@@ -10,6 +10,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from nibble.metrics import Metrics
+from tests.helpers import DESIGN_METRICS
 
 ROOT = Path(__file__).resolve().parents[2]
 NIBBLE = str(Path(sys.executable).with_name("nibble"))
@@ -31,36 +32,6 @@ SUMMARY_KEYS = {
     "weight_versions_published",
     "config",
 }
-DESIGN_METRICS = [
-    "nibble_policy_version",
-    "nibble_staleness_steps",
-    "nibble_stale_dropped_total",
-    "nibble_mismatch_kl",
-    "nibble_logprob_abs_diff",
-    "nibble_fresh_mismatch_kl",
-    "nibble_fresh_logprob_abs_diff",
-    "nibble_is_weight",
-    "nibble_is_clipped_fraction",
-    "nibble_grad_norm",
-    "nibble_skipped_steps_total",
-    "nibble_entropy",
-    "nibble_reward_mean",
-    "nibble_eval_accuracy",
-    "nibble_response_tokens",
-    "nibble_truncated_fraction",
-    "nibble_zero_std_group_fraction",
-    "nibble_queue_depth",
-    "nibble_trainer_idle_seconds_total",
-    "nibble_sampler_demand",
-    "nibble_dead_lettered_total",
-    "nibble_rejected_total",
-    "nibble_tokens_total",
-    "nibble_weight_sync_seconds",
-    "nibble_weight_bytes_total",
-    "nibble_quant_rel_error",
-    "nibble_four_over_six_fraction",
-    "nibble_drift_headroom",
-]
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +75,6 @@ def test_versions_increase_and_staleness_stays_within_the_cap(smoke_run):
 def test_every_design_metric_is_exported_from_start_up():
     for role in ("sampler", "trainer", "weightsync"):
         text = generate_latest(Metrics(role).registry).decode()
-        missing = [m for m in DESIGN_METRICS if f"# TYPE {m.removesuffix('_total')}" not in text]
+        missing = [m for m, (kind, _) in DESIGN_METRICS.items() if f"# TYPE {m} {kind}\n" not in text]
         assert not missing, (role, missing)
         assert f'nibble_policy_version{{role="{role}"}} 0.0' in text

@@ -15,10 +15,10 @@ from nibble.config import WeightSyncConfig
 from nibble.model import MoETransformer, tiny
 from nibble.recipe import PrecisionPlan
 from nibble.recipe.export import published_state
-from nibble.transport import WeightPublisherClient, WeightSubscriber, bearer_metadata
-from nibble.transport.grpc_util import open_channel
+from nibble.transport import WeightPublisherClient, WeightSubscriber
 from nibble.weightsync.server import WeightSyncServer
-from nibble.wire import pb, rpc
+from nibble.wire import pb
+from tests.helpers import raw_publish
 
 PUBLISH_TOKEN, FETCH_TOKEN = "publish-secret", "fetch-secret"
 TOKENS = {"NIBBLE_PUBLISH_TOKEN": PUBLISH_TOKEN, "NIBBLE_FETCH_TOKEN": FETCH_TOKEN}
@@ -65,9 +65,7 @@ class Harness:
 
     def raw_publish(self, server: WeightSyncServer, items: Iterable[pb.WeightStreamItem], token=PUBLISH_TOKEN):
         """Send hand-made stream items (to corrupt them); returns the reply or raises grpc.RpcError."""
-        with open_channel(f"127.0.0.1:{server.publish_port}") as channel:
-            stub = rpc.WeightPublisherStub(channel)
-            return stub.PublishWeights(iter(list(items)), metadata=bearer_metadata(token), timeout=30)
+        return raw_publish(f"127.0.0.1:{server.publish_port}", items, token)
 
     def close(self) -> None:
         for client in self.clients:
