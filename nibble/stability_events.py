@@ -4,7 +4,11 @@
   times the median of the previous ``SPIKE_WINDOW`` (20) steps' finite norms. Steps with fewer than
   ``SPIKE_MIN_HISTORY`` (5) finite norms before them are not judged (a median of one or two steps is
   noise). A non-finite norm (a skipped optimiser step) counts as a spike whenever judged: it is the
-  largest gradient there is. Non-finite norms never enter a median.
+  largest gradient there is. Non-finite norms never enter a median. A norm of exactly 0 is a step
+  without learning signal (every group's rewards equal, so every advantage is 0 and nothing was
+  updated): it is neither judged nor part of a median, as if the step had not happened (with small
+  batches and low rewards such steps are common, and zeros in the window would make any later
+  non-zero norm a "spike" of a zero median).
 - **Collapse**: held-out accuracy falls below ``warm start − COLLAPSE_DROP`` (0.1) at an evaluation
   step ``t`` and no evaluation in ``(t, t + COLLAPSE_PATIENCE]`` (20 steps) is back at or above that
   threshold. A fall with fewer than ``COLLAPSE_PATIENCE`` steps of the run left after it is not judged
@@ -36,20 +40,18 @@ def spike_steps(
 ) -> list[int]:
     """Indices (0-based positions in ``grad_norms``, one entry per trainer step) that are spikes.
 
-    ``None`` and NaN/±inf entries are non-finite norms (skipped steps). Judged steps are those with at
-    least ``min_history`` finite norms among the previous ``window`` steps.
+    ``None`` and NaN/±inf entries are non-finite norms (skipped steps); ``0.0`` entries are steps without
+    learning signal (ignored). Judged steps are the other steps with at least ``min_history`` finite
+    non-zero norms among the previous ``window`` steps with a gradient (zero-norm steps do not count
+    towards the window).
 
     Raises:
         ValueError: ``factor`` ≤ 0, ``window`` < 1 or ``min_history`` outside ``[1, window]``.
     """
     if not factor > 0 or window < 1 or not 1 <= min_history <= window:
         raise ValueError(f"spike_steps: factor={factor}, window={window}, min_history={min_history} out of range")
-    norms = [_finite_or_none(v) for v in grad_norms]
     spikes = []
-    for i, norm in enumerate(norms):
-        history = [v for v in norms[max(0, i - window) : i] if v is not None]
-        if len(history) < min_history:
-            continue
+    for i, norm, history in _judged(grad_norms, window, min_history):
         if norm is None or norm > factor * median(history):
             spikes.append(i)
     return spikes
@@ -59,10 +61,16 @@ def judged_steps(
     grad_norms: Sequence[float | None], *, window: int = SPIKE_WINDOW, min_history: int = SPIKE_MIN_HISTORY
 ) -> int:
     """How many steps :func:`spike_steps` judged (the denominator of "spikes per 100 steps")."""
-    norms = [_finite_or_none(v) for v in grad_norms]
-    return sum(
-        1 for i in range(len(norms)) if sum(v is not None for v in norms[max(0, i - window) : i]) >= min_history
-    )
+    return sum(1 for _ in _judged(grad_norms, window, min_history))
+
+
+def _judged(grad_norms: Sequence[float | None], window: int, min_history: int):
+    """``(index, norm or None, finite history)`` of each judged step, zero-norm steps left out."""
+    steps = [(i, _finite_or_none(v)) for i, v in enumerate(grad_norms) if v != 0]
+    for k, (i, norm) in enumerate(steps):
+        history = [v for _, v in steps[max(0, k - window) : k] if v is not None]
+        if len(history) >= min_history:
+            yield i, norm, history
 
 
 def collapse_step(

@@ -43,6 +43,14 @@ def test_a_non_finite_norm_is_a_spike_and_never_enters_a_median():
     assert judged_steps([None] * 10 + [1.0] * 3) == 0
 
 
+def test_zero_norm_steps_have_no_signal_and_are_neither_judged_nor_in_a_median():
+    series = [1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 6.0, 0.0, 1.0]
+    assert spike_steps(series) == [9]  # the fifth non-zero norm before it; zeros never spike
+    assert judged_steps(series) == 2
+    # window counted in steps with a gradient: 20 ones, 30 zeros, then 6 is still judged against ones
+    assert spike_steps([1.0] * 20 + [0.0] * 30 + [6.0]) == [50]
+
+
 def test_bad_parameters_are_refused():
     with pytest.raises(ValueError, match="min_history"):
         spike_steps(FLAT, window=3, min_history=5)
