@@ -224,7 +224,8 @@ def markdown_table(rows: list[VariantRow]) -> str:
 
 def plot(results: dict, out: Path) -> list[Path]:
     """``grad_norm.png``, ``reward.png`` and ``accuracy.png`` in ``out``: one panel per variant, seeds
-    overlaid; spikes marked ×, the collapse threshold dashed."""
+    overlaid; spikes marked ×, steps without learning signal (norm 0) left as gaps, the collapse
+    threshold dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -265,7 +266,9 @@ def plot(results: dict, out: Path) -> list[Path]:
 def _draw_grad_norm(ax, run: dict, color: str) -> None:
     steps = [s["step"] for s in run["steps"]]
     norms = [s["grad_norm"] if s["grad_norm"] is not None else math.nan for s in run["steps"]]
-    ax.plot(steps, norms, color=color, lw=0.8, alpha=0.8)
+    # zero norms (no learning signal) cannot sit on a log axis: they are gaps, as they are for the spike rule
+    shown = [n if n > 0 else math.nan for n in norms]
+    ax.plot(steps, shown, ".-", color=color, lw=0.7, ms=2, alpha=0.8)
     spikes = [i for i in spike_steps(norms) if math.isfinite(norms[i])]
     ax.plot([steps[i] for i in spikes], [norms[i] for i in spikes], "x", color=color, ms=6)
     ax.set_yscale("log")
