@@ -370,6 +370,7 @@ def main(argv: list[str] | None = None) -> None:
     started = time.time()
     machine = describe()
     machine["workers"] = args.workers
+    machine["torch_threads_per_run"] = 1  # run_one's default; describe() reports the parent's threads
     args.out.parent.mkdir(parents=True, exist_ok=True)
     done: list[dict] = []
 
@@ -391,11 +392,22 @@ def main(argv: list[str] | None = None) -> None:
     print(f"recorded {len(runs)} runs in {args.out} ({time.time() - started:.0f} s)")
 
 
+def dumps(document: dict) -> str:
+    """The results as JSON text: indented, with one line per step record (diffable line by line)."""
+    text = json.dumps({**document, "runs": []}, indent=1)
+    runs = []
+    for run in document["runs"]:
+        head = json.dumps({k: v for k, v in run.items() if k != "steps"})[:-1]
+        steps = ",\n".join("   " + json.dumps(step) for step in run["steps"])
+        runs.append(f'  {head}, "steps": [\n{steps}\n  ]}}')
+    return text.replace('"runs": []', '"runs": [\n' + ",\n".join(runs) + "\n ]") + "\n"
+
+
 def _save(out: Path, runs, setting, checkpoint, command, wall_seconds, machine) -> None:
     document = results_document(runs, setting, checkpoint, command, wall_seconds)
     document["machine"] = machine
     tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(document, indent=1) + "\n")
+    tmp.write_text(dumps(document))
     tmp.replace(out)
 
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.stability import VARIANTS, Setting, results_document, run_grid
+from benchmarks.stability import VARIANTS, Setting, dumps, results_document, run_grid
 from nibble.stability_report import load_results, variant_rows
 
 NIBBLE = str(Path(sys.executable).with_name("nibble"))
@@ -44,7 +44,8 @@ def test_miniature_grid_records_every_step_and_reports(warm_start, tmp_path):
     assert all(s["fresh_logprob_abs_diff"] < 1e-5 for s in bf16)  # the trainer reproduces its own sampler
     path = tmp_path / "stability.json"
     document = results_document(runs, TINY, warm_start, "pytest miniature", 0.0)
-    path.write_text(json.dumps(document))
+    path.write_text(dumps(document))
+    assert json.loads(path.read_text()) == json.loads(json.dumps(document))
     rows = variant_rows(load_results(path))
     assert [(r.variant, r.seeds) for r in rows] == [("bf16", 2), ("nvfp4_naive", 2)]
     out = tmp_path / "report"
