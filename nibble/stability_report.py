@@ -55,6 +55,12 @@ class RunSummary:
     skipped_steps: int
 
     @property
+    def ends_below_threshold(self) -> bool:
+        """The last evaluation is below ``warm start − COLLAPSE_DROP``: a fall too late to be judged a
+        collapse (or a collapse that lasted), shown so that late falls are not hidden by the rule."""
+        return self.final_accuracy is not None and self.final_accuracy < self.warm_start_accuracy - COLLAPSE_DROP
+
+    @property
     def spikes_per_100(self) -> float:
         return 100.0 * self.spikes / self.judged_steps if self.judged_steps else 0.0
 
@@ -86,6 +92,7 @@ class VariantRow:
     seeds: int
     spikes_per_100: Spread
     collapses: int
+    ends_below: int
     final_reward: Spread
     final_accuracy: Spread
     logprob_abs_diff: Spread
@@ -174,6 +181,7 @@ def variant_rows(results: dict) -> list[VariantRow]:
             seeds=len(runs),
             spikes_per_100=Spread.of([r.spikes_per_100 for r in runs]),
             collapses=sum(r.collapse_step is not None for r in runs),
+            ends_below=sum(r.ends_below_threshold for r in runs),
             final_reward=Spread.of([r.final_reward for r in runs]),
             final_accuracy=Spread.of([r.final_accuracy for r in runs]),
             logprob_abs_diff=Spread.of([r.logprob_abs_diff for r in runs]),
@@ -189,6 +197,7 @@ COLUMNS = (
     "seeds",
     "spikes / 100 steps",
     "collapses",
+    "ends below warm − 0.1",
     "final reward",
     "final held-out acc.",
     "mean |Δlogprob|",
@@ -205,6 +214,7 @@ def table_cells(rows: list[VariantRow]) -> list[list[str]]:
             str(r.seeds),
             r.spikes_per_100.text(2),
             f"{r.collapses}/{r.seeds}",
+            f"{r.ends_below}/{r.seeds}",
             r.final_reward.text(3),
             r.final_accuracy.text(3),
             r.logprob_abs_diff.text(4),

@@ -53,6 +53,7 @@ def test_writes_the_table_and_three_plots(tmp_path):
     assert calm[0] == "| calm" and calm[2] == "0.00 ± 0.00" and calm[3] == "0/2"
     # one spike in 45 judged steps on seed 0, none on seed 1; seed 0 collapsed at step 20
     assert wild[2] == f"{100 / 45 / 2:.2f} ± {math.sqrt(2) * 100 / 45 / 2:.2f}" and wild[3] == "1/2"
+    assert calm[4] == "0/2" and wild[4] == "1/2"  # seed 0 of wild ends at 0.0, below 0.25 - 0.1
     assert "calm" in result.stdout and "wild" in result.stdout
     for name in ("grad_norm.png", "reward.png", "accuracy.png"):
         assert (out / name).read_bytes()[:8] == PNG
