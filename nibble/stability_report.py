@@ -227,8 +227,12 @@ def table_cells(rows: list[VariantRow]) -> list[list[str]]:
 
 def markdown_table(rows: list[VariantRow]) -> str:
     """A GitHub-markdown table of :func:`table_cells` (mean ± standard deviation across seeds)."""
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(cells) + " |" for cells in table_cells(rows)]
+
+    def row(cells) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"  # "|Δlogprob|" is not a cell edge
+
+    lines = [row(COLUMNS), "|" + "---|" * len(COLUMNS)]
+    lines += [row(cells) for cells in table_cells(rows)]
     return "\n".join(lines) + "\n"
 
 
@@ -246,7 +250,7 @@ def plot(results: dict, out: Path) -> list[Path]:
         by_variant.setdefault(run["variant"], []).append(run)
     figures = {
         "grad_norm.png": ("grad norm before clipping (log)", _draw_grad_norm),
-        "reward.png": ("batch reward", _draw_reward),
+        "reward.png": ("batch reward (5-step mean)", _draw_reward),
         "accuracy.png": ("held-out accuracy", _draw_accuracy),
     }
     written = []
@@ -285,7 +289,11 @@ def _draw_grad_norm(ax, run: dict, color: str) -> None:
 
 
 def _draw_reward(ax, run: dict, color: str) -> None:
-    ax.plot([s["step"] for s in run["steps"]], [s["reward"] for s in run["steps"]], color=color, lw=0.8, alpha=0.8)
+    """Raw batch reward faint, its trailing 5-step mean bold (one batch of 32 responses is noisy)."""
+    steps, rewards = [s["step"] for s in run["steps"]], [s["reward"] for s in run["steps"]]
+    smooth = [fmean(rewards[max(0, i - 4) : i + 1]) for i in range(len(rewards))]
+    ax.plot(steps, rewards, color=color, lw=0.5, alpha=0.25)
+    ax.plot(steps, smooth, color=color, lw=1.2, alpha=0.9)
 
 
 def _draw_accuracy(ax, run: dict, color: str) -> None:

@@ -49,6 +49,7 @@ def test_writes_the_table_and_three_plots(tmp_path):
     assert result.returncode == 0, result.stderr
     table = (out / "table.md").read_text().splitlines()
     assert table[0].startswith("| variant | seeds | spikes / 100 steps | collapses |")
+    assert "| mean \\|Δlogprob\\| |" in table[0]  # escaped: the pipes are not column edges
     calm, wild = table[2].split(" | "), table[3].split(" | ")
     assert calm[0] == "| calm" and calm[2] == "0.00 ± 0.00" and calm[3] == "0/2"
     # one spike in 45 judged steps on seed 0, none on seed 1; seed 0 collapsed at step 20
