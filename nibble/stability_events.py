@@ -1,4 +1,5 @@
-"""The stability evidence's event definitions, fixed before any run was looked at (the stability issue).
+"""The stability evidence's event definitions, fixed before the grid ran (the stability issue; the
+zero-norm rule below was added after 20-step pilots, before the grid).
 
 - **Grad-norm spike**: a step whose global gradient norm (before clipping) exceeds ``SPIKE_FACTOR`` (5)
   times the median of the previous ``SPIKE_WINDOW`` (20) steps' finite norms. Steps with fewer than
