@@ -1,0 +1,96 @@
+"""``nibble report stability`` through the installed console script: table, plots, and bad input."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+NIBBLE = str(Path(sys.executable).with_name("nibble"))
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([NIBBLE, "report", "stability", *args], capture_output=True, text=True, timeout=120)
+
+
+def step(i: int, norm: float | None = 1.0, acc: float | None = None) -> dict:
+    return {
+        "step": i,
+        "grad_norm": norm,
+        "reward": 0.25,
+        "eval_accuracy": acc,
+        "logprob_abs_diff": 0.02,
+        "fresh_logprob_abs_diff": 0.01 if i % 2 else None,
+        "skipped_updates": 0 if norm is not None and math.isfinite(norm) else 1,
+    }
+
+
+def results(tmp_path: Path) -> Path:
+    """Two variants × two seeds: ``calm`` never spikes; ``wild`` spikes at step 25 (seed 0) and collapses."""
+    calm = [step(i, 1.0, 0.3 if i % 10 == 0 else None) for i in range(1, 51)]
+    wild = [step(i, 50.0 if i == 25 else 1.0, (0.0 if i >= 20 else 0.3) if i % 10 == 0 else None) for i in range(1, 51)]
+    runs = [
+        {"variant": "calm", "seed": 0, "warm_start_accuracy": 0.25, "steps": calm},
+        {"variant": "calm", "seed": 1, "warm_start_accuracy": 0.25, "steps": calm},
+        {"variant": "wild", "seed": 0, "warm_start_accuracy": 0.25, "steps": wild},
+        {"variant": "wild", "seed": 1, "warm_start_accuracy": 0.25, "steps": calm},
+    ]
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"benchmark": "stability", "runs": runs}))
+    return path
+
+
+def test_writes_the_table_and_three_plots(tmp_path):
+    out = tmp_path / "report"
+    result = run(str(results(tmp_path)), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    table = (out / "table.md").read_text().splitlines()
+    assert table[0].startswith("| variant | seeds | spikes / 100 steps | collapses |")
+    assert "| mean \\|Δlogprob\\| |" in table[0]  # escaped: the pipes are not column edges
+    calm, wild = table[2].split(" | "), table[3].split(" | ")
+    assert calm[0] == "| calm" and calm[2] == "0.00 ± 0.00" and calm[3] == "0/2"
+    # one spike in 45 judged steps on seed 0, none on seed 1; seed 0 collapsed at step 20
+    assert wild[2] == f"{100 / 45 / 2:.2f} ± {math.sqrt(2) * 100 / 45 / 2:.2f}" and wild[3] == "1/2"
+    assert calm[4] == "0/2" and wild[4] == "1/2"  # seed 0 of wild ends at 0.0, below 0.25 - 0.1
+    assert "calm" in result.stdout and "wild" in result.stdout
+    for name in ("grad_norm.png", "reward.png", "accuracy.png"):
+        assert (out / name).read_bytes()[:8] == PNG
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "results file not found"),
+        ("{not json", "malformed JSON"),
+        ("[]", "'runs' list"),
+        ('{"runs": []}', "'runs' must be a non-empty list"),
+        ('{"runs": [{"variant": "a", "seed": 0, "steps": []}]}', "runs[0]: missing field 'warm_start_accuracy'"),
+        (
+            '{"runs": [{"variant": "a", "seed": 0, "warm_start_accuracy": 0.2, "steps": [{"step": 1}]}]}',
+            "runs[0].steps[0]: missing field 'grad_norm'",
+        ),
+        (
+            '{"runs": [{"variant": "a", "seed": "zero", "warm_start_accuracy": 0.2, "steps": []}]}',
+            "runs[0].seed = 'zero': expected an integer",
+        ),
+    ],
+)
+def test_bad_input_exits_2_naming_the_file_and_field_without_a_traceback(tmp_path, content, message):
+    path = tmp_path / "bad.json"
+    if content is not None:
+        path.write_text(content)
+    result = run(str(path), "--out", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert str(path) in result.stderr and message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()  # nothing written for bad input
+
+
+def test_an_out_that_is_a_file_is_refused(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = run(str(results(tmp_path)), "--out", str(blocker))
+    assert result.returncode == 2 and "--out" in result.stderr and "Traceback" not in result.stderr
