@@ -72,10 +72,13 @@ def _ensure_warm_start(config, console) -> None:
     checkpoint = config.model.checkpoint
     if (checkpoint / "config.json").is_file():
         return
+    import torch
+
     from nibble.sft import save_warm_start, train_sft
     from nibble.tasks import get_task
 
     console.print(f"no warm start at {checkpoint}: training one (nibble sft)")
+    torch.set_num_threads(config.model.sft_threads)
     with get_task(config.task.name, **config.task.options) as task:
         model, result = train_sft(
             task, steps=config.model.sft_steps, target_accuracy=config.model.sft_target_accuracy, seed=config.seed
