@@ -41,7 +41,7 @@ class TaskConfig(Section):
     """Which task prompts and rewards come from (``nibble.tasks.get_task(name, **options)``)."""
 
     name: str = "addition"
-    options: dict[str, Any] = Field(default_factory=lambda: {"digits": 3})
+    options: dict[str, Any] = Field(default_factory=lambda: {"digits": 2, "eval_size": 512, "holdout_fraction": 0.1})
 
 
 class ModelSection(Section):

@@ -32,15 +32,21 @@ def stream_config(redis_server):
 
 @pytest.fixture(scope="session")
 def warm_start(tmp_path_factory):
-    """One ``nibble sft`` warm start per test session (≈ 1 minute), shared by the CLI and service tests;
-    at the run config's target (0.2), which leaves RL room to show."""
+    """One ``nibble sft`` warm start per test session (≈ 1 minute), shared by the CLI and service tests:
+    the run config's task and target (0.2, which leaves RL room to show)."""
     import subprocess
     import sys
     from pathlib import Path
 
+    from nibble.config import load
+
+    config = load(None)
     out = tmp_path_factory.mktemp("warm") / "ckpt"
     nibble = str(Path(sys.executable).with_name("nibble"))
-    argv = [nibble, "sft", "--out", str(out), "--target-accuracy", "0.2"]
+    argv = [nibble, "sft", "--out", str(out), "--task", config.task.name, "--seed", str(config.seed)]
+    argv += ["--target-accuracy", str(config.model.sft_target_accuracy)]
+    for key, value in config.task.options.items():
+        argv += ["--task-option", f"{key}={value}"]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr
     return out
