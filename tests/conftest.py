@@ -33,7 +33,7 @@ def stream_config(redis_server):
 @pytest.fixture(scope="session")
 def warm_start(tmp_path_factory):
     """One ``nibble sft`` warm start per test session (≈ 1 minute), shared by the CLI and service tests:
-    the run config's task and target (0.2, which leaves RL room to show)."""
+    the run config's task and target accuracy (which leaves RL room to show)."""
     import subprocess
     import sys
     from pathlib import Path
