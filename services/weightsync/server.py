@@ -81,7 +81,9 @@ class WeightSync:
                 self._receive_buffer = assembler.buffer  # no tensor of this publication is used any more
                 self._receive_lock.release()
 
-    def _publish(self, items: Iterator[pb.WeightStreamItem | ChunkFrame], assembler: WeightAssembler):
+    def _publish(
+        self, items: Iterator[pb.WeightStreamItem | ChunkFrame], assembler: WeightAssembler
+    ) -> pb.PublishReply:
         try:
             manifest, tensors, plan = self._receive(items, assembler)
             received = time.time()
