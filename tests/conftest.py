@@ -39,9 +39,9 @@ def stream_config(redis_server):
 
 @pytest.fixture(scope="session")
 def warm_start(tmp_path_factory):
-    """One ``nibble sft`` warm start per test session (≈ 1 minute), shared by the CLI and service tests;
-    at the run config's target (0.2), which leaves RL room to show. ``NIBBLE_TEST_WARM_START=DIR`` reuses
-    one made earlier (``nibble sft --out DIR --target-accuracy 0.2``) when iterating on system tests."""
+    """One ``nibble sft`` warm start per test session (≈ 1 minute), shared by the CLI and service tests:
+    the run config's task and target accuracy (which leaves RL room to show). ``NIBBLE_TEST_WARM_START=DIR``
+    reuses one made earlier (``nibble sft --out DIR``) when iterating on system tests."""
     import os
     import subprocess
     import sys
@@ -50,9 +50,15 @@ def warm_start(tmp_path_factory):
     if os.environ.get("NIBBLE_TEST_WARM_START"):
         return Path(os.environ["NIBBLE_TEST_WARM_START"])
 
+    from nibble.config import load
+
+    config = load(None)
     out = tmp_path_factory.mktemp("warm") / "ckpt"
     nibble = str(Path(sys.executable).with_name("nibble"))
-    argv = [nibble, "sft", "--out", str(out), "--target-accuracy", "0.2"]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    argv = [nibble, "sft", "--out", str(out), "--task", config.task.name, "--seed", str(config.seed)]
+    argv += ["--target-accuracy", str(config.model.sft_target_accuracy)]
+    for key, value in config.task.options.items():
+        argv += ["--task-option", f"{key}={value}"]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stderr
     return out

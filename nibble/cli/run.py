@@ -68,17 +68,37 @@ def run(
 
 
 def _ensure_warm_start(config, console) -> None:
-    """Train the SFT warm start when the config's checkpoint does not exist yet."""
+    """Train the SFT warm start when the config's checkpoint does not exist yet; warn when an existing
+    one was trained (by ``nibble sft``) on another task than the run's."""
     checkpoint = config.model.checkpoint
     if (checkpoint / "config.json").is_file():
+        _warn_on_other_task(config, checkpoint, console)
         return
+    import torch
+
     from nibble.sft import save_warm_start, train_sft
     from nibble.tasks import get_task
 
     console.print(f"no warm start at {checkpoint}: training one (nibble sft)")
+    torch.set_num_threads(config.model.sft_threads)
     with get_task(config.task.name, **config.task.options) as task:
         model, result = train_sft(
             task, steps=config.model.sft_steps, target_accuracy=config.model.sft_target_accuracy, seed=config.seed
         )
         save_warm_start(model, result, {"name": config.task.name, "options": config.task.options}, checkpoint)
     console.print(f"warm start: {result.steps} steps, held-out accuracy {result.eval_accuracy:.3f}")
+
+
+def _warn_on_other_task(config, checkpoint: Path, console) -> None:
+    from nibble.sft import SFT_RECORD
+
+    record = checkpoint / SFT_RECORD
+    if not record.is_file():
+        return  # not made by `nibble sft` (an imported model): nothing to compare
+    trained = json.loads(record.read_text()).get("task")
+    wanted = {"name": config.task.name, "options": config.task.options}
+    if trained != wanted:
+        console.print(
+            f"[yellow]warning:[/] the warm start at {checkpoint} was trained on task {trained}, this run's task is "
+            f"{wanted}; remove it to have a matching one trained, or set model.checkpoint"
+        )

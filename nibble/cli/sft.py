@@ -57,11 +57,18 @@ def sft(
     target_accuracy: Annotated[float, typer.Option(help="stop at the first evaluation reaching this")] = 0.3,
     eval_every: Annotated[int, typer.Option(help="steps between held-out evaluations")] = 10,
     seed: Annotated[int, typer.Option(help="seed of model init and data order")] = 0,
+    threads: Annotated[
+        int, typer.Option(min=1, help="torch threads (more than the idle cores slows training down many times)")
+    ] = 1,
 ) -> None:
     """Train the tiny MoE with teacher forcing on a task's answers until held-out accuracy reaches a target."""
     options = parse_options(task_option or [])
+    import torch
+
     from nibble.sft import save_warm_start, train_sft
     from nibble.tasks import get_task
+
+    torch.set_num_threads(threads)
 
     writable_directory(out)
     with get_task(task, **options) as chosen:

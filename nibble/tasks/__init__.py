@@ -1,6 +1,6 @@
 """Procedurally generated and file-backed verifiable tasks, their rewards and tokenizers (DESIGN.md §1)."""
 
-from nibble.tasks.addition import AdditionTask
+from nibble.tasks.addition import AdditionTask, HeavyTailAdditionTask
 from nibble.tasks.base import Example, Task
 from nibble.tasks.jsonl import JsonlTask
 from nibble.tasks.matching import exact_match, numeric_match
@@ -14,6 +14,7 @@ __all__ = [
     "CharTokenizer",
     "Example",
     "HFTokenizer",
+    "HeavyTailAdditionTask",
     "JsonlTask",
     "RewardRunner",
     "Task",

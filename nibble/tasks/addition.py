@@ -11,6 +11,7 @@ training stream — of any seed or digit count — ever shows an evaluation prob
 from __future__ import annotations
 
 import hashlib
+import itertools
 import random
 from collections.abc import Iterator
 
@@ -85,7 +86,7 @@ class AdditionTask(Task):
         return list(self._eval)
 
     def _draw_eval(self) -> list[Example]:
-        rng = random.Random(f"addition/eval/{self.digits}/{self.mixed_lengths}")
+        rng = random.Random(self._eval_seed())
         pairs: dict[tuple[int, int], None] = {}  # insertion-ordered set
         for _ in range(EVAL_DRAWS_PER_EXAMPLE * int(self.eval_size / self.holdout_fraction)):
             a, b = self._operand(rng), self._operand(rng)
@@ -98,9 +99,16 @@ class AdditionTask(Task):
             f"(found {len(pairs)}); lower eval_size or raise digits or holdout_fraction"
         )
 
+    def _eval_seed(self) -> str:
+        return f"addition/eval/{self.digits}/{self.mixed_lengths}"
+
     def _operand(self, rng: random.Random) -> int:
-        length = rng.randint(1, self.digits) if self.mixed_lengths else self.digits
+        length = self._length(rng)
         return rng.randint(0 if length == 1 else 10 ** (length - 1), 10**length - 1)
+
+    def _length(self, rng: random.Random) -> int:
+        """One operand's number of digits."""
+        return rng.randint(1, self.digits) if self.mixed_lengths else self.digits
 
     def reward(self, example: Example, response: str) -> float:
         """1.0 for exactly the answer (surrounding whitespace ignored), else the partial credit or 0.0."""
@@ -111,6 +119,57 @@ class AdditionTask(Task):
             return 0.0
         matches = sum(x == y for x, y in zip(reversed(response), reversed(example.answer), strict=False))
         return self.partial_credit * matches / max(len(response), len(example.answer))
+
+
+class HeavyTailAdditionTask(AdditionTask):
+    """Addition whose operand lengths follow a power law, so response lengths are heavy-tailed.
+
+    Each operand's length ``L`` in 1..``digits`` is drawn with ``P(L = l) ∝ l^-(1 + tail)`` (a discrete
+    Pareto law truncated at ``digits``; ``P(L ≥ l)`` falls like ``l^-tail``). Most answers are a few
+    digits long and a few run to ``digits + 1``: a batch of responses waits on its longest, which is
+    what asynchronous RL hides and synchronous RL cannot (``benchmarks/async_speedup.py``). With the
+    defaults the mean answer is ≈ 3.7 digits long and the median 2, while one in ≈ 17 has 12 or more.
+
+    Args:
+        digits: longest operand, 1..30.
+        tail: the power law's index (> 0); smaller is heavier.
+        eval_size, holdout_fraction, partial_credit, tokenizer: as for :class:`AdditionTask` (the
+            held-out operand pairs are the same ones).
+
+    Raises:
+        ValueError: naming the option that is out of range.
+    """
+
+    name = "addition_heavy_tail"
+
+    def __init__(
+        self,
+        digits: int = 24,
+        *,
+        tail: float = 1.0,
+        eval_size: int = 256,
+        holdout_fraction: float = 0.05,
+        partial_credit: float = 0.0,
+        tokenizer: Tokenizer | None = None,
+    ):
+        if isinstance(tail, bool) or not isinstance(tail, (int, float)) or not 0 < tail < float("inf"):
+            raise ValueError(f"tail={tail!r} must be a positive number")
+        super().__init__(
+            digits,
+            eval_size=eval_size,
+            holdout_fraction=holdout_fraction,
+            partial_credit=partial_credit,
+            tokenizer=tokenizer,
+        )
+        self.tail = float(tail)
+        self._lengths = range(1, digits + 1)
+        self._cumulative = list(itertools.accumulate(length ** -(1.0 + self.tail) for length in self._lengths))
+
+    def _eval_seed(self) -> str:
+        return f"{self.name}/eval/{self.digits}/{self.tail}"
+
+    def _length(self, rng: random.Random) -> int:
+        return rng.choices(self._lengths, cum_weights=self._cumulative)[0]
 
 
 def _example(a: int, b: int) -> Example:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import inspect
 
-from nibble.tasks.addition import AdditionTask
+from nibble.tasks.addition import AdditionTask, HeavyTailAdditionTask
 from nibble.tasks.base import Task
 from nibble.tasks.jsonl import JsonlTask
 
-TASKS: dict[str, type[Task]] = {"addition": AdditionTask, "jsonl": JsonlTask}
+TASKS: dict[str, type[Task]] = {
+    "addition": AdditionTask,
+    "addition_heavy_tail": HeavyTailAdditionTask,
+    "jsonl": JsonlTask,
+}
 
 
 def get_task(name: str, **options: object) -> Task:

@@ -2,9 +2,12 @@
 
 The payload is the tensors' raw little-endian bytes, each tensor starting at a multiple of
 :data:`ALIGNMENT` bytes (zero padding between them), so a receiver can view every tensor in place
-without copying. The manifest names each tensor's dtype, shape and byte extent and carries the sha256
-of the whole payload; chunks of at most :data:`MAX_CHUNK_BYTES` follow in order, each with its own
-sha256. Nothing is pickled.
+without copying. Chunks of at most :data:`MAX_CHUNK_BYTES` follow the manifest in order, each with the
+sha256 of its bytes as its checksum. The manifest names each tensor's dtype, shape and byte extent and
+carries the digest of the whole payload: the sha256 of the chunks' sha256 digests (32 raw bytes each,
+in chunk order) — a two-level hash list, which binds every byte of the payload as firmly as a sha256
+over it, yet lets every side hash each byte once (hashing is the transfer's main cost; a separate
+whole-payload sha256 doubled it). Nothing is pickled.
 
 A :class:`WeightAssembler` is the receiving side: it returns the tensors only when every check passes
 and otherwise raises :class:`WeightRejected`, whose ``reason`` is a short label for
@@ -20,6 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
+from nibble.transport.frames import ChunkFrame, chunk_frame_prefix
 from nibble.wire import pb
 
 MAX_CHUNK_BYTES = 4 * 1024 * 1024
@@ -132,7 +136,8 @@ def encode(
     chunk_bytes: int = MAX_CHUNK_BYTES,
     on_chunk: Callable[[int, list[memoryview], str], object] | None = None,
 ) -> tuple[pb.WeightManifest, list[str]]:
-    """One pass over ``state``'s bytes: the manifest and each chunk's checksum (sha256 hex).
+    """One pass over ``state``'s bytes: the manifest and each chunk's checksum (sha256 hex); the
+    manifest's digest is the sha256 of the chunks' raw sha256 digests (see the module's docstring).
 
     Args:
         state: CPU tensors by name, in payload order; they must not change until streamed.
@@ -152,7 +157,7 @@ def encode(
         chunk = hashlib.sha256()
         for view in views:
             chunk.update(view)
-            whole.update(view)
+        whole.update(chunk.digest())
         checksums.append(chunk.hexdigest())
         if on_chunk is not None:
             on_chunk(index, views, checksums[-1])
@@ -202,33 +207,6 @@ def stream_items(
         yield pb.WeightStreamItem.FromString(frame)
 
 
-def chunk_frame_prefix(version: int, index: int, checksum: str, size: int) -> bytes:
-    """The bytes of a serialised ``WeightStreamItem`` holding a chunk, up to its ``size`` bytes of data:
-    ``prefix + data`` is the whole message. Building messages this way copies the data once, where
-    constructing and serialising a protobuf message copies it twice (the fetch path's main cost)."""
-    head = pb.WeightChunk(policy_version=version, index=index, checksum=checksum).SerializeToString()
-    head += _CHUNK_DATA_KEY + _varint(size)
-    return _ITEM_CHUNK_KEY + _varint(len(head) + size) + head
-
-
-def pass_frames(message: pb.WeightStreamItem | bytes) -> bytes:
-    """A gRPC serializer for weight streams: serialised messages (frames) pass through as they are."""
-    return message if isinstance(message, bytes) else message.SerializeToString()
-
-
-_ITEM_CHUNK_KEY = bytes([2 << 3 | 2])  # WeightStreamItem.chunk: field 2, length-delimited
-_CHUNK_DATA_KEY = bytes([3 << 3 | 2])  # WeightChunk.data: field 3, length-delimited
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def check_chunk_bytes(chunk_bytes: int) -> None:
     """Raises ValueError unless ``1 ≤ chunk_bytes ≤ MAX_CHUNK_BYTES``."""
     if not 1 <= chunk_bytes <= MAX_CHUNK_BYTES:
@@ -246,29 +224,57 @@ class WeightAssembler:
         max_bytes: largest acceptable payload (bytes); the buffer is allocated when the manifest arrives.
         version: the only acceptable policy version, or ``None`` for any.
         quantized: the required ``quantized`` flag, or ``None`` for either.
+        buffer: a uint8 CPU tensor to receive into when it holds at least ``total_bytes`` (its start is
+            used), e.g. the previous assembler's :attr:`buffer`: memory touched for the first time
+            costs page faults that, on a virtual machine, take longer than receiving the bytes. Its
+            contents are overwritten, so no tensor of an earlier result in it may still be in use.
+
+    Attributes:
+        buffer: the tensor received into, once the manifest arrived (to hand to the next assembler).
+
+    Raises:
+        ValueError: ``buffer`` is not a contiguous one-dimensional uint8 CPU tensor.
     """
 
     def __init__(
-        self, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES, version: int | None = None, quantized: bool | None = None
+        self,
+        *,
+        max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        version: int | None = None,
+        quantized: bool | None = None,
+        buffer: torch.Tensor | None = None,
     ):
+        if buffer is not None and not (
+            buffer.dtype == torch.uint8 and buffer.dim() == 1 and buffer.device.type == "cpu" and buffer.is_contiguous()
+        ):
+            raise ValueError(
+                f"buffer must be a contiguous 1-D uint8 CPU tensor, got {buffer.dtype} {tuple(buffer.shape)}"
+            )
         self.max_bytes = max_bytes
         self.version = version
         self.quantized = quantized
         self.manifest: pb.WeightManifest | None = None
         self.received_bytes = 0
+        self.buffer = buffer
         self._next_index = 0
         self._buffer: torch.Tensor | None = None
         self._view: memoryview | None = None
         self._whole = hashlib.sha256()
 
-    def assemble(self, items: Iterable[pb.WeightStreamItem]) -> tuple[pb.WeightManifest, dict[str, torch.Tensor]]:
+    def assemble(
+        self, items: Iterable[pb.WeightStreamItem | ChunkFrame]
+    ) -> tuple[pb.WeightManifest, dict[str, torch.Tensor]]:
         """Consume every item, then return :meth:`result`."""
         for item in items:
             self.add(item)
         return self.result()
 
-    def add(self, item: pb.WeightStreamItem) -> None:
-        """Take one stream item (the manifest first, then chunks in order)."""
+    def add(self, item: pb.WeightStreamItem | ChunkFrame) -> None:
+        """Take one stream item (the manifest first, then chunks in order), as a message or as
+        :func:`~nibble.transport.frames.read_frame` gives it."""
+        if isinstance(item, ChunkFrame):
+            self._take_chunk(item)
+            return
         kind = item.WhichOneof("item")
         if kind == "manifest":
             self._take_manifest(item.manifest)
@@ -291,7 +297,7 @@ class WeightAssembler:
         digest = self._whole.hexdigest()
         if digest != manifest.digest:
             raise WeightRejected(
-                "digest_mismatch", f"version {manifest.policy_version}: payload sha256 {digest} != {manifest.digest}"
+                "digest_mismatch", f"version {manifest.policy_version}: payload digest {digest} != {manifest.digest}"
             )
         assert self._buffer is not None
         return manifest, {meta.name: _tensor_view(self._buffer, meta) for meta in manifest.tensors}
@@ -312,10 +318,13 @@ class WeightAssembler:
             )
         _check_manifest(manifest)
         self.manifest = manifest
-        self._buffer = torch.empty(manifest.total_bytes, dtype=torch.uint8)
+        total = manifest.total_bytes
+        if self.buffer is None or self.buffer.numel() < total:
+            self.buffer = torch.empty(total, dtype=torch.uint8)
+        self._buffer = self.buffer[:total]
         self._view = memoryview(self._buffer.numpy()) if manifest.total_bytes else memoryview(b"")
 
-    def _take_chunk(self, chunk: pb.WeightChunk) -> None:
+    def _take_chunk(self, chunk: pb.WeightChunk | ChunkFrame) -> None:
         manifest = self.manifest
         if manifest is None:
             raise WeightRejected("no_manifest", f"chunk {chunk.index} arrived before the manifest")
@@ -330,18 +339,20 @@ class WeightAssembler:
             raise WeightRejected("duplicate_chunk", f"chunk {chunk.index} arrived twice")
         if chunk.index > self._next_index:
             raise WeightRejected("out_of_order", f"chunk {chunk.index} arrived where {self._next_index} was due")
-        size = len(chunk.data)
+        data = chunk.data  # read once: every read of a protobuf bytes field copies it
+        size = len(data)
         if not 0 < size <= MAX_CHUNK_BYTES or self.received_bytes + size > manifest.total_bytes:
             raise WeightRejected(
                 "oversize",
                 f"chunk {chunk.index} of {size} bytes (at most {MAX_CHUNK_BYTES}; "
                 f"{manifest.total_bytes - self.received_bytes} of the payload left)",
             )
-        if hashlib.sha256(chunk.data).hexdigest() != chunk.checksum:
+        digest = hashlib.sha256(data).digest()
+        if digest.hex() != chunk.checksum:
             raise WeightRejected("bad_checksum", f"chunk {chunk.index} of version {manifest.policy_version}")
         assert self._view is not None
-        self._view[self.received_bytes : self.received_bytes + size] = chunk.data
-        self._whole.update(chunk.data)
+        self._view[self.received_bytes : self.received_bytes + size] = data
+        self._whole.update(digest)
         self.received_bytes += size
         self._next_index += 1
 

@@ -19,15 +19,9 @@ import torch
 
 from nibble.config import WeightSyncConfig
 from nibble.transport.auth import FETCH_TOKEN_ENV, PUBLISH_TOKEN_ENV, bearer_metadata, read_token
+from nibble.transport.frames import pass_frames, read_frame
 from nibble.transport.grpc_util import RETRYABLE, Backoff, StallWatchdog, open_channel
-from nibble.transport.weights import (
-    DEFAULT_MAX_PAYLOAD_BYTES,
-    MAX_CHUNK_BYTES,
-    WeightAssembler,
-    layout,
-    pass_frames,
-    stream_frames,
-)
+from nibble.transport.weights import DEFAULT_MAX_PAYLOAD_BYTES, MAX_CHUNK_BYTES, WeightAssembler, layout, stream_frames
 from nibble.wire import pb, rpc
 
 if TYPE_CHECKING:
@@ -210,6 +204,13 @@ class WeightSubscriber(_Client):
         self.sampler_id = sampler_id
         self.watch_timeout = watch_timeout
         self.max_bytes = max_bytes
+        self._receive_buffer: torch.Tensor | None = None  # reused by every fetch (see fetch)
+        self._fetch_lock = threading.Lock()
+        self._fetch = self._channel.unary_stream(  # the generated stub, but chunks arrive as views, not copies
+            f"/{pb.DESCRIPTOR.services_by_name['WeightSync'].full_name}/FetchWeights",
+            request_serializer=pb.FetchRequest.SerializeToString,
+            response_deserializer=read_frame,
+        )
 
     def watch(self, after_version: int = 0) -> Iterator[pb.VersionAnnouncement]:
         """Announcements of complete versions above ``after_version``, each once and in increasing order,
@@ -246,18 +247,26 @@ class WeightSubscriber(_Client):
     def fetch(self, version: int) -> tuple[pb.WeightManifest, dict[str, torch.Tensor]]:
         """The verified manifest and tensors (weight-sync's quantised form) of ``version``.
 
+        The tensors are views of one receive buffer that this subscriber keeps and the next fetch
+        overwrites: copy what must outlive it (``Engine.update_weights`` does). Reusing it spares each
+        fetch the page faults of fresh memory, which cost more than the transfer. Fetches from several
+        threads run one at a time.
+
         Raises:
             WeightRejected: the stream failed verification (nothing of it may be applied).
             grpc.RpcError: ``NOT_FOUND`` for a version not held, ``UNAUTHENTICATED``, or ``UNAVAILABLE``
                 once the attempts are spent.
             StreamStalled: no chunk arrived for ``rpc_timeout`` seconds, on every attempt.
         """
-        return self._retrying(lambda: self._fetch_once(version))
+        with self._fetch_lock:
+            return self._retrying(lambda: self._fetch_once(version))
 
     def _fetch_once(self, version: int) -> tuple[pb.WeightManifest, dict[str, torch.Tensor]]:
         request = pb.FetchRequest(policy_version=version, sampler_id=self.sampler_id)
-        call = self._sync.FetchWeights(request, timeout=self.stream_timeout, metadata=self._metadata)
-        assembler = WeightAssembler(max_bytes=self.max_bytes, version=version, quantized=True)
+        call = self._fetch(request, timeout=self.stream_timeout, metadata=self._metadata)
+        assembler = WeightAssembler(
+            max_bytes=self.max_bytes, version=version, quantized=True, buffer=self._receive_buffer
+        )
         with StallWatchdog(self.rpc_timeout, call.cancel) as watchdog:
             try:
                 for item in call:
@@ -269,6 +278,7 @@ class WeightSubscriber(_Client):
                 raise
             finally:
                 call.cancel()
+                self._receive_buffer = assembler.buffer  # grown or not, kept even when the stream failed
         return assembler.result()
 
 

@@ -24,8 +24,9 @@ from nibble.metrics import Metrics
 from nibble.recipe.export import quantize_state
 from nibble.recipe.plan import PrecisionPlan
 from nibble.transport.auth import FETCH_TOKEN_ENV, PUBLISH_TOKEN_ENV, BearerTokenInterceptor, read_token
+from nibble.transport.frames import ChunkFrame, pass_frames, read_frame
 from nibble.transport.grpc_util import add_port, server_options
-from nibble.transport.weights import WeightAssembler, WeightRejected, dtype_name, pass_frames
+from nibble.transport.weights import WeightAssembler, WeightRejected, dtype_name
 from nibble.weightsync import quality
 from nibble.weightsync.store import WeightStore
 from nibble.wire import pb, rpc
@@ -54,16 +55,37 @@ class WeightSync:
         self._changed = threading.Condition()
         self._closing = False
         self._publish_lock = threading.Lock()
+        self._receive_buffer: torch.Tensor | None = None  # the last publication's, reused by the next
+        self._receive_lock = threading.Lock()
 
-    def publish(self, items: Iterator[pb.WeightStreamItem]) -> pb.PublishReply:
+    def publish(self, items: Iterator[pb.WeightStreamItem | ChunkFrame]) -> pb.PublishReply:
         """Verify, quantise, persist, announce one publication; then measure the quantisation's quality
         (off the samplers' path, before the trainer's reply).
+
+        Publications are received into one buffer kept from the last (fresh memory's page faults cost
+        more than receiving it); one that overlaps another receives into fresh memory instead.
 
         Raises:
             WeightRejected: anything that fails; nothing of it is stored or announced.
         """
+        reuse = self._receive_lock.acquire(blocking=False)
+        assembler = WeightAssembler(
+            max_bytes=self.config.max_payload_bytes,
+            quantized=False,
+            buffer=self._receive_buffer if reuse else None,
+        )
         try:
-            manifest, tensors, plan = self._receive(items)
+            return self._publish(items, assembler)
+        finally:
+            if reuse:
+                self._receive_buffer = assembler.buffer  # no tensor of this publication is used any more
+                self._receive_lock.release()
+
+    def _publish(
+        self, items: Iterator[pb.WeightStreamItem | ChunkFrame], assembler: WeightAssembler
+    ) -> pb.PublishReply:
+        try:
+            manifest, tensors, plan = self._receive(items, assembler)
             received = time.time()
             try:
                 quantized = quantize_state(tensors, plan)
@@ -99,10 +121,9 @@ class WeightSync:
         return pb.PublishReply(policy_version=stored.version, bytes_received=manifest.total_bytes)
 
     def _receive(
-        self, items: Iterator[pb.WeightStreamItem]
+        self, items: Iterator[pb.WeightStreamItem | ChunkFrame], assembler: WeightAssembler
     ) -> tuple[pb.WeightManifest, dict[str, object], PrecisionPlan]:
         """Assemble the bf16 publication; a stale version or a bad plan fails before the chunks arrive."""
-        assembler = WeightAssembler(max_bytes=self.config.max_payload_bytes, quantized=False)
         items = iter(items)
         try:
             first = next(items, None)
@@ -278,7 +299,7 @@ class WeightSyncServer:
         """Bind and start everything; raises ValueError when a port cannot be bound."""
         c = self.config
         publish = self._server("publish")
-        rpc.add_WeightPublisherServicer_to_server(PublisherServicer(self.sync), publish)
+        _add_weight_publisher(PublisherServicer(self.sync), publish)
         rpc.add_WeightSyncServicer_to_server(SyncServicer(self.sync, versions_only=True), publish)
         samplers = self._server("fetch")
         _add_weight_sync(SyncServicer(self.sync), samplers)
@@ -319,6 +340,19 @@ class WeightSyncServer:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         self._servers.append(server)
         return server
+
+
+def _add_weight_publisher(servicer: PublisherServicer, server: grpc.Server) -> None:
+    """The generated ``add_WeightPublisherServicer_to_server``, except that chunks arrive as views into
+    the received messages (:func:`read_frame`), not as copies."""
+    handlers = {
+        "PublishWeights": grpc.stream_unary_rpc_method_handler(
+            servicer.PublishWeights,
+            request_deserializer=read_frame,
+            response_serializer=pb.PublishReply.SerializeToString,
+        ),
+    }
+    server.add_registered_method_handlers(pb.DESCRIPTOR.services_by_name["WeightPublisher"].full_name, handlers)
 
 
 def _add_weight_sync(servicer: SyncServicer, server: grpc.Server) -> None:

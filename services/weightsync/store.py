@@ -28,7 +28,8 @@ from typing import BinaryIO
 import torch
 from google.protobuf.message import DecodeError
 
-from nibble.transport.weights import check_chunk_bytes, chunk_frame_prefix, encode
+from nibble.transport.frames import chunk_frame_prefix
+from nibble.transport.weights import check_chunk_bytes, encode
 from nibble.wire import pb
 
 log = logging.getLogger(__name__)
@@ -201,9 +202,10 @@ def _verify(path: Path) -> StoredVersion:
             chunk = pb.WeightStreamItem.FromString(frame).chunk
             if (chunk.index, chunk.policy_version) != (number, stored.version):
                 raise ValueError(f"chunk {number} holds chunk {chunk.index} of version {chunk.policy_version}")
-            if hashlib.sha256(chunk.data).hexdigest() != chunk.checksum:
+            digest = hashlib.sha256(chunk.data).digest()
+            if digest.hex() != chunk.checksum:
                 raise ValueError(f"chunk {number} does not match its checksum")
-            whole.update(chunk.data)
+            whole.update(digest)  # the manifest's digest is over the chunks' digests (nibble.transport.weights)
         if handle.read(1):
             raise ValueError(f"{CHUNKS} is longer than its index")
     if whole.hexdigest() != manifest.digest:

@@ -1,5 +1,6 @@
 """Weight-sync over real gRPC on loopback: publish → announce → fetch → apply, and every refusal."""
 
+import copy
 import queue
 import shutil
 import subprocess
@@ -11,7 +12,7 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from nibble.model import MoETransformer, tiny
-from nibble.recipe.export import load_sampler_state, quantize_state
+from nibble.recipe.export import load_sampler_state, published_state, quantize_state
 from nibble.transport import WeightPublisherClient, WeightRejected, WeightSubscriber, stream_items
 from nibble.transport.grpc_util import open_channel
 from nibble.wire import pb
@@ -53,6 +54,26 @@ def test_a_published_version_is_announced_fetched_and_reproduces_the_trainers_lo
     expert = "model.layers.0.mlp.experts.gate_up_proj"
     assert 0 < m.value("nibble_quant_rel_error", layer=expert) < 0.05
     assert harness.publisher(server).latest_version() == 1
+
+
+def test_consecutive_versions_land_intact_in_one_reused_receive_buffer(harness, trainer, state):
+    model, plan = trainer
+    server = harness.start()
+    publisher, subscriber = harness.publisher(server), harness.subscriber(server)
+    sampler = MoETransformer(tiny(vocab_size=32), plan).pack()
+    ids = torch.randint(1, 32, (2, 9), generator=torch.Generator().manual_seed(3))
+    buffers = set()
+    for version, sign in ((1, 1.0), (2, -1.0), (3, 0.5)):
+        changed = copy.deepcopy(model)
+        with torch.no_grad():
+            changed.lm_head.weight.mul_(sign)
+        publisher.publish(version, published_state(changed), plan)
+        _, tensors = subscriber.fetch(version)
+        buffers.add(next(iter(tensors.values())).untyped_storage().data_ptr())
+        load_sampler_state(sampler, tensors)
+        with torch.no_grad():
+            assert torch.equal(sampler(ids), changed(ids)), version
+    assert len(buffers) == 1
 
 
 @pytest.mark.parametrize(

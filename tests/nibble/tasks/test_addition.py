@@ -1,8 +1,11 @@
 """Addition: correct problems, a held-out split disjoint by construction, a difficulty knob, an exact reward."""
 
+from collections import Counter
+
 import pytest
 
-from nibble.tasks.addition import AdditionTask
+from nibble.tasks import get_task
+from nibble.tasks.addition import AdditionTask, HeavyTailAdditionTask
 
 
 def operands(example):
@@ -104,3 +107,27 @@ def test_too_large_an_eval_split_for_the_problem_space_is_an_error():
     assert len(AdditionTask(digits=1, eval_size=2).eval_examples()) == 2
     with pytest.raises(ValueError, match="eval_size=256 is more than the held-out problems found at digits=1"):
         AdditionTask(digits=1).eval_examples()
+
+
+def test_heavy_tail_lengths_follow_the_power_law_and_keep_the_held_out_pairs():
+    task = HeavyTailAdditionTask(digits=24, tail=1.0)
+    examples = task.train_examples(20_000, seed=0)
+    lengths = Counter(len(x) for e in examples for x in operands(e))
+    # P(L = l) ∝ l^-2: l=1 is 4x as likely as l=2 and 9x as l=3 (±10% sampling noise on 40 000 draws)
+    assert lengths[1] / lengths[2] == pytest.approx(4, rel=0.1) and lengths[1] / lengths[3] == pytest.approx(9, rel=0.1)
+    answers = sorted(len(e.answer) for e in examples)
+    assert answers[len(answers) // 2] <= 2 and answers[-1] >= 20  # median short, tail long
+    assert 0.03 < sum(n >= 12 for n in answers) / len(answers) < 0.1
+    assert task.max_response_tokens == 26 and all(e.answer == str(sum(map(int, operands(e)))) for e in examples)
+    held_out = {unordered(e) for e in task.eval_examples()}
+    assert len(task.eval_examples()) == 256 and not held_out & {unordered(e) for e in examples}
+    assert all(AdditionTask().is_held_out(*map(int, operands(e))) for e in task.eval_examples())  # the same pairs
+
+
+def test_heavy_tail_options_are_checked_and_the_task_is_registered():
+    assert isinstance(get_task("addition_heavy_tail", digits=8, tail=0.5), HeavyTailAdditionTask)
+    for bad in (0, -1.0, float("inf"), True, "1"):
+        with pytest.raises(ValueError, match="tail"):
+            HeavyTailAdditionTask(tail=bad)
+    with pytest.raises(ValueError, match="digits"):
+        HeavyTailAdditionTask(digits=31)

@@ -50,11 +50,20 @@ def test_every_dtype_round_trips_bit_exactly_with_aligned_offsets():
     assert manifest.plan == '{"num_layers": 1}' and not manifest.quantized
 
 
-def test_the_digest_is_sha256_of_the_concatenated_chunks_and_each_checksum_of_its_chunk():
+def test_each_checksum_is_sha256_of_its_chunk_and_the_digest_sha256_of_the_chunk_digests():
     items = items_of(every_dtype())
     chunks = [item.chunk for item in items[1:]]
     assert all(c.checksum == hashlib.sha256(c.data).hexdigest() for c in chunks)
-    assert items[0].manifest.digest == hashlib.sha256(b"".join(c.data for c in chunks)).hexdigest()
+    hash_list = b"".join(hashlib.sha256(c.data).digest() for c in chunks)
+    assert items[0].manifest.digest == hashlib.sha256(hash_list).hexdigest()
+
+
+def test_chunks_swapped_with_their_checksums_are_caught_by_the_digest():
+    items = items_of(every_dtype())
+    first, second = items[1].chunk, items[2].chunk
+    first.data, second.data = second.data, first.data
+    first.checksum, second.checksum = second.checksum, first.checksum
+    assert reject(items) == "digest_mismatch"
 
 
 def test_chunks_never_exceed_4_mib_and_the_chunk_size_is_bounded():
@@ -145,3 +154,18 @@ def test_received_tensors_are_views_of_one_buffer():
     state = {"a": torch.arange(6, dtype=torch.float32), "b": torch.ones(3, dtype=torch.bfloat16)}
     _, tensors = WeightAssembler().assemble(items_of(state))
     assert tensors["a"].untyped_storage().data_ptr() == tensors["b"].untyped_storage().data_ptr()
+
+
+def test_a_given_buffer_is_received_into_when_large_enough_and_replaced_when_not():
+    state = {"a": torch.arange(6, dtype=torch.float32), "b": torch.ones(3, dtype=torch.bfloat16)}
+    roomy = torch.full((4096,), 7, dtype=torch.uint8)
+    assembler = WeightAssembler(buffer=roomy)
+    _, tensors = assembler.assemble(items_of(state))
+    assert assembler.buffer is roomy and tensors["a"].untyped_storage().data_ptr() == roomy.data_ptr()
+    assert torch.equal(tensors["a"], state["a"]) and torch.equal(tensors["b"], state["b"])
+    small = torch.zeros(8, dtype=torch.uint8)
+    assembler = WeightAssembler(buffer=small)
+    _, tensors = assembler.assemble(items_of(state))
+    assert assembler.buffer is not small and torch.equal(tensors["a"], state["a"])
+    with pytest.raises(ValueError, match="uint8"):
+        WeightAssembler(buffer=torch.zeros(8))
