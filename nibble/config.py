@@ -136,7 +136,7 @@ class SamplerConfig(Section):
 class TrainerConfig(Section):
     """The trainer: batches, objective (DESIGN.md §4), optimiser, publishing, checkpoints."""
 
-    total_steps: int = Field(300, ge=1)
+    total_steps: int = Field(450, ge=1)
     groups_per_step: int = Field(8, ge=1, description="whole GRPO groups per consumed batch")
     updates_per_batch: int = Field(1, ge=1)
     learning_rate: float = Field(2e-4, ge=0)

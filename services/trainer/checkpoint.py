@@ -52,8 +52,18 @@ class TrainerState:
     eval_accuracy: float | None = None
 
 
-def save(directory: Path, model: MoETransformer, optimizer: torch.optim.Optimizer, state: TrainerState) -> Path:
-    """Write checkpoint ``step-<n>`` under ``directory`` atomically and point ``latest`` at it."""
+def save(
+    directory: Path, model: MoETransformer, optimizer: torch.optim.Optimizer, state: TrainerState, keep: int = 2
+) -> Path:
+    """Write checkpoint ``step-<n>`` under ``directory`` atomically, point ``latest`` at it, then delete all
+    but the newest ``keep`` checkpoints (a run checkpoints every step: kept, the tiny model's 15 MB each
+    filled 7 GB per 450-step run). The one before ``latest`` stays as a fallback.
+
+    Raises:
+        ValueError: ``keep`` < 1.
+    """
+    if keep < 1:
+        raise ValueError(f"keep={keep} must be at least 1 (the checkpoint just written)")
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"step-{state.step:08d}"
     tmp = directory / f".tmp-step-{state.step:08d}"
@@ -66,6 +76,8 @@ def save(directory: Path, model: MoETransformer, optimizer: torch.optim.Optimize
     latest_tmp = directory / ".latest.tmp"
     latest_tmp.write_text(final.name + "\n")
     os.replace(latest_tmp, directory / "latest")
+    for old in sorted(directory.glob("step-*"))[:-keep]:  # zero-padded step numbers sort in step order
+        shutil.rmtree(old, ignore_errors=True)
     return final
 
 

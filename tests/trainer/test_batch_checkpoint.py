@@ -81,3 +81,12 @@ def test_checkpoint_round_trip_restores_model_optimizer_and_counters(tmp_path):
 
 def test_latest_is_none_without_a_checkpoint(tmp_path):
     assert checkpoint.latest(tmp_path) is None
+
+
+def test_only_the_newest_checkpoints_are_kept(tmp_path):
+    model = MoETransformer(tiny(vocab_size=16))
+    optimizer = torch.optim.AdamW(model.parameters())
+    for step in range(1, 5):
+        path = checkpoint.save(tmp_path, model, optimizer, checkpoint.TrainerState(step=step))
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-00000003", "step-00000004"]
+    assert checkpoint.latest(tmp_path) == path and checkpoint.load_state(path).step == 4
