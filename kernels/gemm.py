@@ -30,6 +30,10 @@ def matmul(
     """
     _check_pair(qx, qw, expected_weight_dims=2)
     check_output_dtype(out_dtype)
+    if qw.global_scale.dim() != 0:
+        raise ValueError(
+            f"matmul: weight {tuple(qw.shape)} needs a per-tensor global scale, got {tuple(qw.global_scale.shape)}"
+        )
     if _backend.resolve(qx.device, backend) == "reference":
         return (qx.dequantize(torch.float64) @ qw.dequantize(torch.float64).T).to(out_dtype)
     from .gpu import gemm as _gpu

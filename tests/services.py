@@ -28,6 +28,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def stop_process(process: subprocess.Popen | None, timeout: float) -> None:
+    """SIGTERM a running server, SIGKILL it if it has not exited within ``timeout`` seconds."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 class RedisServer:
     """A ``redis-server`` child process: no persistence, ``noeviction`` unless told otherwise, its files in
     ``directory``. ``stop()`` ends it; ``start()`` brings it back on the same port (empty)."""
@@ -55,13 +67,7 @@ class RedisServer:
         return self
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, timeout=10)
         self.process = None
 
     def client(self, **kwargs) -> redis.Redis:
@@ -144,13 +150,7 @@ class PrometheusServer:
         return self
 
     def __exit__(self, *exc_info) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, timeout=15)
         self.log.close()
 
     def api(self, path: str, **params: str) -> object:

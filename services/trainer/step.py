@@ -108,9 +108,9 @@ def _update(model, optimizer, batch: Batch, old_logprobs, ref_logprobs, advantag
     if shard is not None:
         level = config.correction_level
         num_valid = int(valid_token_mask(batch.sampler_logprobs[rows], batch.mask[rows], correction_level=level).sum())
-        rows = batch.rows_of_groups(shard.local_groups(groups))
-        if not len(rows):  # a rank without groups still joins the collectives, contributing nothing
-            rows, share = batch.rows_of_groups(groups)[:1], 0.0
+        local = batch.rows_of_groups(shard.local_groups(groups))
+        # a rank without groups still joins the collectives, contributing nothing
+        rows, share = (local, 1.0) if len(local) else (rows[:1], 0.0)
     current = score(
         model, [batch.prompts[i] for i in rows], [batch.responses[i] for i in rows], temperature=batch.temperature
     )
