@@ -157,6 +157,10 @@ class TrainerConfig(Section):
     ledger_size: int = Field(1_000_000, ge=1, description="trained trajectory_ids remembered in the checkpoint")
     threads: int = Field(1, ge=1)
     metrics_port: int = Field(0, ge=0, le=65535)
+    device: Literal["cpu", "cuda"] = Field("cpu", description="cuda: each trainer process on its own GPU")
+    nproc_per_node: int = Field(
+        1, ge=1, description="trainer processes (torchrun --nproc-per-node); above 1, FSDP2 shards the model"
+    )
 
 
 class RunConfig(Section):

@@ -61,8 +61,13 @@ class Cluster:
         self.children.append(child)
         return child
 
-    def start_service(self, name: str, module: str, config: Path, *extra: str) -> Child:
-        return self.start(name, [sys.executable, "-m", module, "--config", str(config), *extra])
+    def start_service(self, name: str, module: str, config: Path, *extra: str, nproc_per_node: int = 1) -> Child:
+        """Start ``python -m module --config config *extra``; with ``nproc_per_node`` > 1 as that many
+        processes under ``torchrun`` (standalone: its rendezvous on a free local port)."""
+        python = [sys.executable]
+        if nproc_per_node > 1:
+            python += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc_per_node)]
+        return self.start(name, [*python, "-m", module, "--config", str(config), *extra])
 
     def failed(self) -> Child | None:
         """A child that exited with an error (or at all, for services that should keep running)."""
@@ -167,7 +172,9 @@ def launch(
         effective = effective_config(config, out, url)
         path = write_config(effective, out / "config.yaml")
         cluster.start_service("weightsync", "nibble.weightsync", path)
-        trainer = cluster.start_service("trainer", "nibble.trainer", path, "--out", str(out))
+        trainer = cluster.start_service(
+            "trainer", "nibble.trainer", path, "--out", str(out), nproc_per_node=effective.trainer.nproc_per_node
+        )
         for i in range(effective.num_samplers):
             cluster.start_service(f"sampler-{i}", "nibble.sampler", path, "--name", f"sampler-{i}", "--out", str(out))
         while trainer.process.poll() is None:

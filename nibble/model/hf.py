@@ -155,6 +155,11 @@ def save_pretrained(model: MoETransformer, path, *, dtype: torch.dtype = torch.f
     path.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to(dtype).contiguous() for k, v in tensors.items()}
     save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
-    (path / "config.json").write_text(
-        json.dumps({**model.config.to_hf(), "torch_dtype": str(dtype).removeprefix("torch.")}, indent=2) + "\n"
+    write_config(model.config, path, dtype=dtype)
+
+
+def write_config(config: ModelConfig, path, *, dtype: torch.dtype = torch.float32) -> None:
+    """Write ``config.json`` (HF keys; ``torch_dtype`` names the weights' dtype) into directory ``path``."""
+    (Path(path) / "config.json").write_text(
+        json.dumps({**config.to_hf(), "torch_dtype": str(dtype).removeprefix("torch.")}, indent=2) + "\n"
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -43,8 +43,15 @@ class Batch:
         return int(self.group_index.max()) + 1 if len(self.group_index) else 0
 
     def rows_of_groups(self, groups: Sequence[int]) -> torch.Tensor:
-        """Row indices of the given groups (for splitting into updates of whole groups)."""
-        return torch.isin(self.group_index, torch.as_tensor(list(groups))).nonzero().flatten()
+        """Row indices (int64, CPU: they also index the token lists) of the given groups, for splitting
+        into updates of whole groups."""
+        wanted = torch.as_tensor(list(groups), dtype=torch.long, device=self.group_index.device)
+        return torch.isin(self.group_index, wanted).nonzero().flatten().cpu()
+
+    def to(self, device: torch.device | str) -> Batch:
+        """This batch with every tensor on ``device`` (the model's: the loss mixes both)."""
+        tensors = ("sampler_logprobs", "mask", "rewards", "group_index", "staleness", "truncated")
+        return replace(self, **{name: getattr(self, name).to(device) for name in tensors})
 
 
 def assemble(groups: Sequence[pb.TrajectoryGroup], trainer_version: int) -> Batch:

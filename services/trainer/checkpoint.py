@@ -1,7 +1,9 @@
 """Trainer checkpoints: model, optimiser state, the trained-trajectory ledger and counters.
 
-Everything is safetensors or JSON (nothing pickled). A checkpoint is written to a temporary directory
-and renamed into place, so a crash leaves either the previous checkpoint or the new one, never half.
+Everything is safetensors or JSON (nothing pickled), except a sharded trainer's model and optimiser,
+which ``torch.distributed.checkpoint`` writes under ``sharded/`` (one file per rank, loadable with any
+number of ranks). A checkpoint is written to a temporary directory and renamed into place, so a crash
+leaves either the previous checkpoint or the new one, never half.
 """
 
 from __future__ import annotations
@@ -17,9 +19,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from nibble.model import MoETransformer
+from nibble.model.hf import write_config
+from nibble.trainer import sharded
+from nibble.trainer.sharded import Shard
 
 STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.safetensors"
+SHARDED_DIR = "sharded"
 
 
 class Ledger:
@@ -53,32 +59,72 @@ class TrainerState:
 
 
 def save(
-    directory: Path, model: MoETransformer, optimizer: torch.optim.Optimizer, state: TrainerState, keep: int = 2
+    directory: Path,
+    model: MoETransformer,
+    optimizer: torch.optim.Optimizer,
+    state: TrainerState,
+    keep: int = 2,
+    shard: Shard | None = None,
 ) -> Path:
     """Write checkpoint ``step-<n>`` under ``directory`` atomically, point ``latest`` at it, then delete all
     but the newest ``keep`` checkpoints (a run checkpoints every step: kept, the tiny model's 15 MB each
     filled 7 GB per 450-step run). The one before ``latest`` stays as a fallback.
+
+    With ``shard`` every rank calls this (the write is collective): model and optimiser go to
+    ``sharded/`` through ``torch.distributed.checkpoint``, rank 0 writes ``config.json`` and the state and
+    moves the directory into place; every rank returns once it is there.
 
     Raises:
         ValueError: ``keep`` < 1.
     """
     if keep < 1:
         raise ValueError(f"keep={keep} must be at least 1 (the checkpoint just written)")
-    directory.mkdir(parents=True, exist_ok=True)
+    leader = shard is None or shard.rank == 0
     final = directory / f"step-{state.step:08d}"
     tmp = directory / f".tmp-step-{state.step:08d}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    save_file(_optimizer_tensors(model, optimizer), str(tmp / OPTIMIZER_FILE))
-    (tmp / STATE_FILE).write_text(json.dumps(asdict(state)) + "\n")
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    latest_tmp = directory / ".latest.tmp"
-    latest_tmp.write_text(final.name + "\n")
-    os.replace(latest_tmp, directory / "latest")
-    for old in sorted(directory.glob("step-*"))[:-keep]:  # zero-padded step numbers sort in step order
-        shutil.rmtree(old, ignore_errors=True)
+    if leader:
+        directory.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    if shard is None:
+        model.save_pretrained(tmp)
+        save_file(_optimizer_tensors(model, optimizer), str(tmp / OPTIMIZER_FILE))
+    else:
+        sharded.barrier()  # the stale temporary directory is gone before any rank writes
+        sharded.save_checkpoint(model, optimizer, tmp / SHARDED_DIR)
+        if leader:
+            write_config(model.config, tmp)
+    if leader:
+        (tmp / STATE_FILE).write_text(json.dumps(asdict(state)) + "\n")
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        latest_tmp = directory / ".latest.tmp"
+        latest_tmp.write_text(final.name + "\n")
+        os.replace(latest_tmp, directory / "latest")
+        for old in sorted(directory.glob("step-*"))[:-keep]:  # zero-padded step numbers sort in step order
+            shutil.rmtree(old, ignore_errors=True)
+    if shard is not None:
+        sharded.barrier()
     return final
+
+
+def is_sharded(path: Path) -> bool:
+    """Whether checkpoint ``path`` was written by a sharded (torchrun) trainer."""
+    return (Path(path) / SHARDED_DIR).is_dir()
+
+
+def load_sharded(path: Path, model: MoETransformer, optimizer: torch.optim.Optimizer) -> None:
+    """Restore a sharded checkpoint's model and optimiser into an already sharded ``model`` (any number of
+    ranks: ``torch.distributed.checkpoint`` reshards).
+
+    Raises:
+        ValueError: ``path`` was written by a single-process trainer (its weights are safetensors).
+    """
+    if not is_sharded(path):
+        raise ValueError(
+            f"{path}: written by a single-process trainer; resume it with trainer.nproc_per_node=1 "
+            "(or start the sharded trainer from a fresh checkpoint_dir)"
+        )
+    sharded.load_checkpoint(model, optimizer, Path(path) / SHARDED_DIR)
 
 
 def latest(directory: Path) -> Path | None:
@@ -100,7 +146,14 @@ def load_state(path: Path) -> TrainerState:
 
 
 def load_optimizer(path: Path, model: MoETransformer, optimizer: torch.optim.Optimizer) -> None:
-    """Restore AdamW moments and step counts saved by :func:`save` into ``optimizer``."""
+    """Restore AdamW moments and step counts saved by :func:`save` into ``optimizer`` (on each parameter's
+    device).
+
+    Raises:
+        ValueError: ``path`` was written by a sharded trainer (see :func:`load_sharded`).
+    """
+    if is_sharded(path):
+        raise ValueError(f"{path}: written by a sharded trainer; resume it with trainer.nproc_per_node > 1")
     tensors = load_file(str(Path(path) / OPTIMIZER_FILE))
     names = {id(p): n for n, p in model.named_parameters()}
     for group in optimizer.param_groups:
@@ -110,8 +163,8 @@ def load_optimizer(path: Path, model: MoETransformer, optimizer: torch.optim.Opt
                 continue
             optimizer.state[param] = {
                 "step": tensors[f"{name}::step"].clone(),
-                "exp_avg": tensors[f"{name}::exp_avg"].clone(),
-                "exp_avg_sq": tensors[f"{name}::exp_avg_sq"].clone(),
+                "exp_avg": tensors[f"{name}::exp_avg"].to(param.device),
+                "exp_avg_sq": tensors[f"{name}::exp_avg_sq"].to(param.device),
             }
 
 

@@ -24,31 +24,65 @@ def parse(argv: list[str] | None):
 
 
 def build(config, out: Path, stop: threading.Event):
-    """Model (latest checkpoint, else the warm start), optimiser, stream reader, publisher."""
+    """Model (latest checkpoint, else the warm start), optimiser, stream reader, publisher.
+
+    Under ``torchrun`` (``trainer.nproc_per_node`` > 1) every rank builds its shard of the model and
+    optimiser; only rank 0 connects to Redis and weight-sync and serves metrics.
+
+    Raises:
+        ValueError: ``trainer.device=cuda`` without a GPU, or a checkpoint written with another layout
+            (sharded vs single-process).
+    """
     import torch
 
     from nibble.metrics import Metrics
     from nibble.model import from_pretrained, load_config
     from nibble.recipe import PrecisionPlan, param_groups
     from nibble.tasks import get_task
-    from nibble.trainer import checkpoint
+    from nibble.trainer import checkpoint, sharded
     from nibble.trainer.service import Trainer
-    from nibble.transport import AdmissionCounter, TrajectoryReader, connect, publisher_from_config
 
     t = config.trainer
     torch.set_num_threads(t.threads)
     torch.manual_seed(config.seed)
+    if t.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("trainer.device=cuda but no CUDA GPU is visible to this process")
+    shard = sharded.init_process_group(t.device) if sharded.launched_by_torchrun() else None
     resume = checkpoint.latest(t.checkpoint_dir)
-    source = resume or config.model.checkpoint
-    plan = PrecisionPlan.from_config(config.plan, load_config(source).num_hidden_layers)
-    model = from_pretrained(source, plan=plan).train()
-    optimizer = torch.optim.AdamW(param_groups(model, plan, t.weight_decay), lr=t.learning_rate)
-    state = checkpoint.TrainerState()
-    if resume is not None:
-        checkpoint.load_optimizer(resume, model, optimizer)
-        state = checkpoint.load_state(resume)
+    if shard is None:
+        if resume is not None and checkpoint.is_sharded(resume):
+            raise ValueError(f"{resume}: written by a sharded trainer; resume it with trainer.nproc_per_node > 1")
+        source = resume or config.model.checkpoint
+        plan = PrecisionPlan.from_config(config.plan, load_config(source).num_hidden_layers)
+        model = from_pretrained(source, plan=plan).to(t.device).train()
+        optimizer = torch.optim.AdamW(param_groups(model, plan, t.weight_decay), lr=t.learning_rate)
+        if resume is not None:
+            checkpoint.load_optimizer(resume, model, optimizer)
+    else:  # every rank loads the warm start, keeps its shard, then the checkpoint's shards replace it
+        plan = PrecisionPlan.from_config(config.plan, load_config(config.model.checkpoint).num_hidden_layers)
+        model = sharded.shard_model(from_pretrained(config.model.checkpoint, plan=plan).train())
+        optimizer = torch.optim.AdamW(param_groups(model, plan, t.weight_decay), lr=t.learning_rate)
+        if resume is not None:
+            checkpoint.load_sharded(resume, model, optimizer)
+    state = checkpoint.load_state(resume) if resume is not None else checkpoint.TrainerState()
+    task = get_task(config.task.name, **config.task.options)
     metrics = Metrics("trainer")
-    port = metrics.serve(t.metrics_port).server_port
+    services = (None, None, None)
+    if shard is None or shard.rank == 0:
+        services = _connect(config, metrics, state)
+    if shard is not None:
+        state.policy_version = sharded.broadcast(state.policy_version)
+    reader, admission, publisher = services
+    return Trainer(
+        config, task, model, optimizer, state, reader, admission, publisher, metrics, out, stop=stop, shard=shard
+    )
+
+
+def _connect(config, metrics, state):
+    """Rank 0's links to the outside: metrics endpoint, the stream, admission, weight-sync."""
+    from nibble.transport import AdmissionCounter, TrajectoryReader, connect, publisher_from_config
+
+    port = metrics.serve(config.trainer.metrics_port).server_port
     logging.getLogger("nibble").info("metrics on http://127.0.0.1:%d/metrics", port)
     client = connect(config.redis)
     reader = TrajectoryReader(
@@ -61,9 +95,7 @@ def build(config, out: Path, stop: threading.Event):
     publisher = publisher_from_config(config.weightsync)
     state.policy_version = max(state.policy_version, publisher.latest_version())
     admission.set_trainer_version(state.policy_version)
-    task = get_task(config.task.name, **config.task.options)
-    trainer = Trainer(config, task, model, optimizer, state, reader, admission, publisher, metrics, out, stop=stop)
-    return trainer
+    return reader, admission, publisher
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,8 +105,16 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     args.out.mkdir(parents=True, exist_ok=True)
-    trainer = build(config, args.out, stop)
+    try:
+        trainer = build(config, args.out, stop)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     trainer.run()
+    if trainer.shard is not None:
+        from nibble.trainer import sharded
+
+        sharded.close()
     return 0
 
 

@@ -18,9 +18,10 @@ from nibble.model import MoETransformer
 from nibble.recipe.export import published_state
 from nibble.stability import drift_headroom
 from nibble.tasks import Task
-from nibble.trainer import checkpoint
+from nibble.trainer import checkpoint, sharded
 from nibble.trainer.batch import assemble
 from nibble.trainer.demand import sampler_demand
+from nibble.trainer.sharded import Shard
 from nibble.trainer.step import StepResult, train_on_batch
 from nibble.transport import AdmissionCounter, StreamEntry, TrajectoryReader, WeightPublisherClient
 
@@ -42,7 +43,13 @@ class Consumed:
 
 
 class Trainer:
-    """One trainer process's work; :meth:`run` trains until ``trainer.total_steps``."""
+    """One trainer process's work; :meth:`run` trains until ``trainer.total_steps``.
+
+    With ``shard`` (one of ``torchrun``'s ranks, the model FSDP2-sharded) rank 0 alone reads the stream,
+    publishes, acknowledges and records metrics (the others get ``None`` for ``reader``, ``admission`` and
+    ``publisher``); it broadcasts each consumed batch, or the stop, and every rank trains, evaluates,
+    gathers the published weights and checkpoints together.
+    """
 
     def __init__(
         self,
@@ -51,12 +58,13 @@ class Trainer:
         model: MoETransformer,
         optimizer: torch.optim.Optimizer,
         state: checkpoint.TrainerState,
-        reader: TrajectoryReader,
-        admission: AdmissionCounter,
+        reader: TrajectoryReader | None,
+        admission: AdmissionCounter | None,
         publisher: WeightPublisherClient | None,
         metrics: Metrics,
         out: Path,
         stop: threading.Event | None = None,
+        shard: Shard | None = None,
     ):
         self.config, self.task, self.model, self.optimizer, self.state = config, task, model, optimizer, state
         self.reader, self.admission, self.publisher, self.metrics = reader, admission, publisher, metrics
@@ -67,6 +75,8 @@ class Trainer:
         self.metrics_file = out / "metrics.jsonl"
         self.stop = stop or threading.Event()
         self.stale_dropped_total = 0
+        self.shard = shard
+        self.leader = shard is None or shard.rank == 0
 
     # -- consuming -----------------------------------------------------------------------------------
 
@@ -107,22 +117,50 @@ class Trainer:
 
     # -- one step ------------------------------------------------------------------------------------
 
+    def next_consumed(self) -> Consumed:
+        """The next batch's groups: read here, or (sharded) read by rank 0 and broadcast to every rank.
+
+        Raises:
+            Stopped: a shutdown was requested (on rank 0, for every rank).
+        """
+        if self.shard is None:
+            return self.consume()
+        consumed = None
+        if self.leader:
+            try:
+                consumed = self.consume()
+            except Stopped:
+                consumed = None
+        consumed = sharded.broadcast(consumed)
+        if consumed is None:
+            raise Stopped
+        return consumed
+
     def step(self) -> StepResult:
         started = time.monotonic()
-        consumed = self.consume()
+        consumed = self.next_consumed()
         batch = assemble(consumed.groups, self.state.policy_version)
-        result = train_on_batch(self.model, self.optimizer, batch, self.config.trainer)
+        result = train_on_batch(self.model, self.optimizer, batch, self.config.trainer, shard=self.shard)
         for trajectory_id in batch.trajectory_ids:
             self.ledger.add(trajectory_id)
         self.unacked += consumed.entry_ids
         self.state.step += 1
-        self.metrics.trainer_idle_seconds.inc(consumed.idle_seconds)
         t = self.config.trainer
         evaluated = self.state.step % t.eval_every == 0 or self.state.step == t.total_steps
         if evaluated:
             self.evaluate()
         if self.state.step % t.publish_every == 0:
             self.publish()
+        if self.leader:
+            self._report(result, batch, consumed, evaluated, time.monotonic() - started)
+        if self.state.step % t.checkpoint_every == 0 or self.state.step == t.total_steps:
+            self.checkpoint()
+        return result
+
+    def _report(self, result: StepResult, batch, consumed: Consumed, evaluated: bool, seconds: float) -> None:
+        """Metrics and the ``metrics.jsonl`` line of one step (rank 0 only)."""
+        t = self.config.trainer
+        self.metrics.trainer_idle_seconds.inc(consumed.idle_seconds)
         self._record(result, batch, consumed, evaluated)
         depth = self.reader.depth()
         self.metrics.queue_depth.set(depth)
@@ -130,23 +168,23 @@ class Trainer:
             sampler_demand(
                 self.config.num_samplers,
                 consumed.idle_seconds,
-                time.monotonic() - started,
+                seconds,
                 depth,
                 t.groups_per_step,
                 t.max_staleness,
             )
         )
-        if self.state.step % t.checkpoint_every == 0 or self.state.step == t.total_steps:
-            self.checkpoint()
-        return result
 
     def publish(self) -> None:
+        """Publish the next version (sharded: every rank helps gather it, rank 0 sends it)."""
         version = self.state.policy_version + 1
+        state = published_state(self.model) if self.shard is None else sharded.published_state(self.model)
         if self.publisher is not None:
-            reply = self.publisher.publish(version, published_state(self.model), self.model.plan)
+            reply = self.publisher.publish(version, state, self.model.plan)
             self.metrics.weight_bytes.labels(role="trainer").inc(reply.bytes_received)
         self.state.policy_version = version
-        self.admission.set_trainer_version(version)
+        if self.admission is not None:
+            self.admission.set_trainer_version(version)
         self.metrics.policy_version.labels(role="trainer").set(version)
 
     def evaluate(self) -> None:
@@ -159,7 +197,9 @@ class Trainer:
         """Persist the step, then acknowledge and trim the entries it consumed (DESIGN.md §5)."""
         self.state.trained = self.ledger.ids()
         self.state.stale_dropped = self.dropped.ids()
-        checkpoint.save(self.config.trainer.checkpoint_dir, self.model, self.optimizer, self.state)
+        checkpoint.save(self.config.trainer.checkpoint_dir, self.model, self.optimizer, self.state, shard=self.shard)
+        if not self.leader:
+            return
         if self.unacked:
             self.reader.ack(self.unacked)
             self.unacked = []
@@ -211,10 +251,10 @@ class Trainer:
         are redelivered to the next trainer, which resumes from the last checkpoint)."""
         if self.state.step == 0 and self.state.eval_accuracy is None:
             self.evaluate()  # the warm start's held-out accuracy: the "before" of the run
-            with self.metrics_file.open("a") as handle:
-                handle.write(
-                    json.dumps({"step": 0, "time": time.time(), "eval_accuracy": self.state.eval_accuracy}) + "\n"
-                )
+            if self.leader:
+                with self.metrics_file.open("a") as handle:
+                    line = {"step": 0, "time": time.time(), "eval_accuracy": self.state.eval_accuracy}
+                    handle.write(json.dumps(line) + "\n")
         try:
             while self.state.step < self.config.trainer.total_steps:
                 self.step()

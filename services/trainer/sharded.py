@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -45,27 +46,45 @@ class Shard:
         return groups[self.rank * per : (self.rank + 1) * per]
 
 
-def init_process_group() -> Shard:
-    """Join the process group that ``torchrun`` describes in the environment (NCCL with CUDA, else gloo).
+def launched_by_torchrun() -> bool:
+    """Whether this process is one of several that ``torchrun`` started (``WORLD_SIZE`` > 1)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def init_process_group(device: str = "cpu") -> Shard:
+    """Join the process group that ``torchrun`` describes in the environment: NCCL with each rank on GPU
+    ``LOCAL_RANK`` for ``device="cuda"``, gloo for ``"cpu"``.
 
     Raises:
-        ValueError: a torchrun variable is missing (start the trainer with ``torchrun --nproc-per-node N``).
+        ValueError: a torchrun variable is missing (start the trainer with ``torchrun --nproc-per-node N``),
+            an unknown ``device``, or ``"cuda"`` without a GPU for this rank.
     """
     missing = [name for name in _TORCHRUN_VARIABLES if name not in os.environ]
     if missing:
         raise ValueError(f"sharded trainer: {', '.join(missing)} not set; start it with torchrun --nproc-per-node N")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"sharded trainer: device={device!r}; expected 'cpu' or 'cuda'")
     if not dist.is_initialized():
-        if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        if device == "cuda":
+            local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+            if local_rank >= torch.cuda.device_count():
+                raise ValueError(
+                    f"sharded trainer: rank needs GPU {local_rank} but {torch.cuda.device_count()} are visible "
+                    "(trainer.nproc_per_node must not exceed the GPUs of the node)"
+                )
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl" if device == "cuda" else "gloo")
     return Shard(dist.get_rank(), dist.get_world_size())
 
 
 def shard_model(model: MoETransformer) -> MoETransformer:
-    """Shard ``model`` in place: one FSDP unit per decoder layer plus the root (embeddings, norm, head)."""
+    """Shard ``model`` in place: one FSDP unit per decoder layer plus the root (embeddings, norm, head).
+    FSDP moves each unit's shard to this rank's device (the GPU of ``LOCAL_RANK`` under NCCL), one
+    unit at a time, so the whole model never sits on one GPU."""
+    mesh = init_device_mesh(_device().type, (dist.get_world_size(),))
     for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     return model
 
 
@@ -82,6 +101,12 @@ def all_sum(value: float) -> float:
     return float(t.item())
 
 
+def sum_(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` summed over ranks, in place (returned for chaining)."""
+    dist.all_reduce(tensor)
+    return tensor
+
+
 def broadcast(obj: object) -> object:
     """Rank 0's ``obj`` on every rank (pickled through the process group)."""
     box = [obj]
@@ -92,6 +117,20 @@ def broadcast(obj: object) -> object:
 def full_norm(norm: torch.Tensor) -> float:
     """A gradient norm that may be a DTensor (sharded gradients) as a plain float."""
     return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+
+
+def published_state(model: MoETransformer) -> dict[str, torch.Tensor]:
+    """The trainer's publication (as :func:`nibble.recipe.export.published_state`: every parameter's bf16
+    cast, CPU, contiguous) on rank 0, empty elsewhere. Gathered one parameter at a time and cast to bf16
+    at once, so no GPU holds more than one whole parameter and rank 0's CPU never the float32 model."""
+    out = {}
+    for name, param in model.named_parameters():
+        value = param.detach()
+        value = value.full_tensor() if isinstance(value, DTensor) else value  # collective: every rank
+        if dist.get_rank() == 0:
+            out[name] = value.to(torch.bfloat16).cpu().contiguous()
+        del value
+    return out
 
 
 def full_state(model: MoETransformer) -> dict[str, torch.Tensor]:
@@ -122,5 +161,18 @@ def load_checkpoint(model: MoETransformer, optimizer: torch.optim.Optimizer, pat
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
+def close() -> None:
+    """Leave the process group (after the last collective)."""
+    dist.destroy_process_group()
+
+
+def barrier() -> None:
+    """Wait until every rank arrives here."""
+    dist.barrier()
+
+
 def _device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    """This rank's device: its GPU under NCCL, else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

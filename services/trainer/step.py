@@ -9,7 +9,7 @@ import torch
 
 from nibble.config import TrainerConfig
 from nibble.model import MoETransformer
-from nibble.model.scoring import score
+from nibble.model.scoring import Scores, score
 from nibble.rl import (
     correction_ratios,
     group_advantages,
@@ -39,11 +39,26 @@ class StepResult:
     is_weights: torch.Tensor = field(repr=False)
 
 
-def old_policy(model: MoETransformer, batch: Batch):
+def old_policy(model: MoETransformer, batch: Batch, shard: Shard | None = None) -> Scores:
     """π_old: the trainer's logprobs of the sampled tokens before any update, with the same quantised
-    forward the sampler ran (computed once per consumed batch)."""
+    forward the sampler ran (computed once per consumed batch); ``[B, R]`` like ``batch.mask``.
+
+    With ``shard`` each rank scores its own share of the groups and the ranks' disjoint rows are summed
+    into the whole batch on every rank (adding zeros is exact)."""
     with torch.no_grad():
-        return score(model, batch.prompts, batch.responses, temperature=batch.temperature)
+        if shard is None:
+            return score(model, batch.prompts, batch.responses, temperature=batch.temperature)
+        rows, share = _local_rows(batch, range(batch.num_groups), shard)
+        part = score(
+            model, [batch.prompts[i] for i in rows], [batch.responses[i] for i in rows], temperature=batch.temperature
+        )
+        whole = []
+        for values in (part.logprobs, part.entropy):
+            out = values.new_zeros(batch.mask.shape)
+            if share:
+                out[rows, : values.shape[1]] = values
+            whole.append(sharded.sum_(out))
+        return Scores(logprobs=whole[0], entropy=whole[1], mask=batch.mask)
 
 
 def train_on_batch(
@@ -58,9 +73,11 @@ def train_on_batch(
     ``reference`` (a frozen copy of the warm start) a k3 KL penalty of weight ``config.kl_coef`` is added.
 
     With ``shard`` (an FSDP2-sharded ``model``, :mod:`nibble.trainer.sharded`) every rank passes the same
-    ``batch`` and trains on its share of each update's groups; the loss returned is the whole update's."""
-    old = old_policy(model, batch)
-    ref = old_policy(reference, batch).logprobs if reference is not None else None
+    ``batch`` and trains on its share of each update's groups (``reference`` sharded alike); the loss
+    returned is the whole update's. The batch moves to the model's device first."""
+    batch = batch.to(next(model.parameters()).device)
+    old = old_policy(model, batch, shard)
+    ref = old_policy(reference, batch, shard).logprobs if reference is not None else None
     advantages = group_advantages(batch.rewards, batch.group_index)
     group_ids, zero_std = zero_std_groups(batch.rewards, batch.group_index)
     zero = {int(g) for g, z in zip(group_ids.tolist(), zero_std.tolist(), strict=True) if z}
@@ -108,9 +125,7 @@ def _update(model, optimizer, batch: Batch, old_logprobs, ref_logprobs, advantag
     if shard is not None:
         level = config.correction_level
         num_valid = int(valid_token_mask(batch.sampler_logprobs[rows], batch.mask[rows], correction_level=level).sum())
-        local = batch.rows_of_groups(shard.local_groups(groups))
-        # a rank without groups still joins the collectives, contributing nothing
-        rows, share = (local, 1.0) if len(local) else (rows[:1], 0.0)
+        rows, share = _local_rows(batch, groups, shard)
     current = score(
         model, [batch.prompts[i] for i in rows], [batch.responses[i] for i in rows], temperature=batch.temperature
     )
@@ -145,6 +160,13 @@ def _update(model, optimizer, batch: Batch, old_logprobs, ref_logprobs, advantag
     optimizer.step()
     total = loss.item() if shard is None else sharded.all_sum(loss.item())
     return total, stats, norm
+
+
+def _local_rows(batch: Batch, groups, shard: Shard) -> tuple[torch.Tensor, float]:
+    """This rank's rows of ``groups`` and their weight; a rank without groups still joins the collectives
+    (every forward all-gathers) on one row weighted 0."""
+    local = batch.rows_of_groups(shard.local_groups(list(groups)))
+    return (local, 1.0) if len(local) else (batch.rows_of_groups(groups)[:1], 0.0)
 
 
 def _split(groups: list[int], parts: int) -> list[list[int]]:

@@ -1,4 +1,5 @@
-"""The FSDP2-sharded trainer on 2 CPU processes (gloo) equals the single-process trainer.
+"""The FSDP2-sharded trainer on 2 processes equals the single-process trainer: on CPUs over gloo (CI) and
+on 2 GPUs over NCCL against one GPU (the multi-GPU machine).
 
 Same initial weights and batches, 3 consumed batches of 2 updates each (one update leaves a rank without
 groups): the losses and the final weights agree within 1e-5; a sharded checkpoint loads back exactly.
@@ -44,10 +45,12 @@ def _batches(model: MoETransformer):
     return batches
 
 
-def _worker(rank: int, port: int, state: dict, batches: list, out: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _worker(rank: int, port: int, state: dict, batches: list, out: str, device: str) -> None:
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     torch.set_num_threads(1)
-    shard = sharded.init_process_group()
+    shard = sharded.init_process_group(device)
     model, plan = _model()
     model.load_state_dict(state)
     sharded.shard_model(model)
@@ -71,24 +74,42 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_gloo_ranks_train_exactly_like_one_process(tmp_path):
+DEVICES = [
+    pytest.param("cpu", id="gloo"),
+    pytest.param(
+        "cuda",
+        id="nccl",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(torch.cuda.device_count() < WORLD, reason=f"needs {WORLD} CUDA devices"),
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_two_ranks_train_exactly_like_one_process(tmp_path, device):
     torch.manual_seed(0)
     model, plan = _model()
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     batches = _batches(model)
+    model.to(device)
     optimizer = torch.optim.AdamW(param_groups(model, plan, 0.0), lr=LR)
     losses = [train_on_batch(model, optimizer, batch, CONFIG).loss for batch in batches]
 
     mp.start_processes(
-        _worker, args=(_free_port(), initial, batches, str(tmp_path)), nprocs=WORLD, start_method="spawn"
+        _worker, args=(_free_port(), initial, batches, str(tmp_path), device), nprocs=WORLD, start_method="spawn"
     )
     result = torch.load(tmp_path / "result.pt")
+    print(f"{device}: losses {losses} vs sharded {result['losses']}")
     assert result["losses"] == pytest.approx(losses, abs=1e-5)
-    expected = model.state_dict()
+    expected = {k: v.cpu() for k, v in model.state_dict().items()}
     assert set(result["state"]) == set(expected)
     for name, value in expected.items():
         torch.testing.assert_close(result["state"][name], value, atol=1e-5, rtol=0, msg=name)
         assert torch.equal(result["reloaded"][name], result["state"][name]), name
+    worst = max(float((result["state"][k] - v).abs().max()) for k, v in expected.items())
+    print(f"{device}: largest weight difference {worst:.3g}")
     moved = max(float((expected[k] - initial[k]).abs().max()) for k in expected)
     assert moved > 1e-4  # the comparison is not between two untouched models
 
