@@ -128,16 +128,17 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _run(args, nproc: int) -> dict:
+def _run(nproc: int, groups: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "figures.json"
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
-        argv += ["-m", "benchmarks.sharded_trainer", "--worker-out", str(out), *sys.argv[1:]]
+        argv += ["-m", "benchmarks.sharded_trainer", *sys.argv[1:], "--groups", str(groups), "--worker-out", str(out)]
         started = time.monotonic()
         done = subprocess.run(argv, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         if done.returncode != 0:
             raise SystemExit(f"torchrun with {nproc} processes failed (exit {done.returncode}); see above")
         figures = json.loads(out.read_text())
+        figures["groups_per_step"] = groups
         figures["wall_seconds_including_start"] = time.monotonic() - started
         return figures
 
@@ -168,18 +169,24 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"benchmarks/sharded_trainer.py needs {max(counts)} CUDA GPUs (or --device cpu)")
     if args.groups % args.updates_per_batch:
         raise SystemExit(f"--groups={args.groups} is not divisible by --updates-per-batch={args.updates_per_batch}")
-    runs = {str(n): _run(args, n) for n in counts}
-    base = runs[str(counts[0])]["tokens_per_second"]
-    for n in counts:
-        run = runs[str(n)]
-        run["speedup_vs_first"] = run["tokens_per_second"] / base
-        run["scaling_efficiency"] = run["speedup_vs_first"] * counts[0] / n
-        peak = max(run["peak_gpu_bytes_per_rank"]) / 2**30
-        print(
-            f"{n} process(es): {run['tokens_per_second']:,.0f} trained tokens/s "
-            f"({run['speedup_vs_first']:.2f}x, efficiency {run['scaling_efficiency']:.2f}), "
-            f"step {sum(run['step_seconds']) / len(run['step_seconds']):.2f} s, peak GPU {peak:.1f} GiB/rank"
-        )
+    first = counts[0]
+    runs = {"strong": {str(n): _run(n, args.groups) for n in counts}}
+    runs["weak"] = {str(first): runs["strong"][str(first)]}
+    runs["weak"].update({str(n): _run(n, args.groups * n // first) for n in counts if n != first})
+    for scaling, by_count in runs.items():
+        base = by_count[str(first)]["tokens_per_second"]
+        for n in counts:
+            run = by_count[str(n)]
+            run["speedup_vs_first"] = run["tokens_per_second"] / base
+            run["scaling_efficiency"] = run["speedup_vs_first"] * first / n
+            peak = max(run["peak_gpu_bytes_per_rank"]) / 2**30
+            step = sum(run["step_seconds"]) / len(run["step_seconds"])
+            print(
+                f"{scaling:6s} {n} process(es), {run['groups_per_step']} groups/step: "
+                f"{run['tokens_per_second']:,.0f} trained tokens/s ({run['speedup_vs_first']:.2f}x, "
+                f"efficiency {run['scaling_efficiency']:.2f}), step {step:.2f} s, "
+                f"peak GPU {peak:.1f} GiB/rank"
+            )
     result = {
         "machine": describe(),
         "gpus_visible": torch.cuda.device_count() if torch.cuda.is_available() else 0,
@@ -190,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
     print(f"wrote {args.out}")
-    if not all(math.isfinite(x) for run in runs.values() for x in run["losses"]):
+    if not all(math.isfinite(x) for by_count in runs.values() for run in by_count.values() for x in run["losses"]):
         raise SystemExit("a loss was not finite (the figures are recorded, but the run is not a valid benchmark)")
 
 

@@ -94,11 +94,16 @@ def backward_scale(shard: Shard) -> float:
     return float(shard.world_size)
 
 
+def all_sums(values: list[float]) -> list[float]:
+    """Element-wise sums of ``values`` over ranks (float64, one collective)."""
+    t = torch.tensor(values, dtype=torch.float64, device=_device())
+    dist.all_reduce(t)
+    return t.tolist()
+
+
 def all_sum(value: float) -> float:
     """Sum of ``value`` over ranks (float64)."""
-    t = torch.tensor([value], dtype=torch.float64, device=_device())
-    dist.all_reduce(t)
-    return float(t.item())
+    return all_sums([value])[0]
 
 
 def sum_(tensor: torch.Tensor) -> torch.Tensor:

@@ -146,6 +146,8 @@ def _update(model, optimizer, batch: Batch, old_logprobs, ref_logprobs, advantag
         num_valid_tokens=num_valid,
     )
     loss = loss * share
+    if shard is not None:
+        stats = _whole_update_stats(stats, share)
     optimizer.zero_grad(set_to_none=True)
     finite = bool(torch.isfinite(loss))
     if shard is not None:  # every rank must take the same branch (the backward is collective)
@@ -160,6 +162,21 @@ def _update(model, optimizer, batch: Batch, old_logprobs, ref_logprobs, advantag
     optimizer.step()
     total = loss.item() if shard is None else sharded.all_sum(loss.item())
     return total, stats, norm
+
+
+def _whole_update_stats(stats: dict[str, float], share: float) -> dict[str, float]:
+    """One rank's :func:`policy_loss` stats made the whole update's: token counts summed over ranks,
+    per-token means re-weighted by each rank's valid tokens (a rank weighted 0 contributes nothing)."""
+    counts = ("valid_tokens", "rejected_tokens")
+    means = [key for key in stats if key not in counts]
+    valid = stats["valid_tokens"] * share
+    sums = sharded.all_sums([valid, stats["rejected_tokens"] * share, *(stats[key] * valid for key in means)])
+    total = max(sums[0], 1.0)
+    return {
+        "valid_tokens": int(sums[0]),
+        "rejected_tokens": int(sums[1]),
+        **{key: value / total for key, value in zip(means, sums[2:], strict=True)},
+    }
 
 
 def _local_rows(batch: Batch, groups, shard: Shard) -> tuple[torch.Tensor, float]:

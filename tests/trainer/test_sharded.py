@@ -55,7 +55,9 @@ def _worker(rank: int, port: int, state: dict, batches: list, out: str, device: 
     model.load_state_dict(state)
     sharded.shard_model(model)
     optimizer = torch.optim.AdamW(param_groups(model, plan, 0.0), lr=LR)
-    losses = [train_on_batch(model, optimizer, batch, CONFIG, shard=shard).loss for batch in batches]
+    results = [train_on_batch(model, optimizer, batch, CONFIG, shard=shard) for batch in batches]
+    losses = [r.loss for r in results]
+    counts = [(r.trained_tokens, r.stats) for r in results]
     full = sharded.full_state(model)
     sharded.save_checkpoint(model, optimizer, os.path.join(out, "ckpt"))
     restored, _ = _model()
@@ -64,7 +66,8 @@ def _worker(rank: int, port: int, state: dict, batches: list, out: str, device: 
     sharded.load_checkpoint(restored, restored_optimizer, os.path.join(out, "ckpt"))
     reloaded = sharded.full_state(restored)
     if shard.rank == 0:
-        torch.save({"losses": losses, "state": full, "reloaded": reloaded}, os.path.join(out, "result.pt"))
+        result = {"losses": losses, "counts": counts, "state": full, "reloaded": reloaded}
+        torch.save(result, os.path.join(out, "result.pt"))
     torch.distributed.destroy_process_group()
 
 
@@ -95,7 +98,8 @@ def test_two_ranks_train_exactly_like_one_process(tmp_path, device):
     batches = _batches(model)
     model.to(device)
     optimizer = torch.optim.AdamW(param_groups(model, plan, 0.0), lr=LR)
-    losses = [train_on_batch(model, optimizer, batch, CONFIG).loss for batch in batches]
+    results = [train_on_batch(model, optimizer, batch, CONFIG) for batch in batches]
+    losses = [r.loss for r in results]
 
     mp.start_processes(
         _worker, args=(_free_port(), initial, batches, str(tmp_path), device), nprocs=WORLD, start_method="spawn"
@@ -103,6 +107,9 @@ def test_two_ranks_train_exactly_like_one_process(tmp_path, device):
     result = torch.load(tmp_path / "result.pt")
     print(f"{device}: losses {losses} vs sharded {result['losses']}")
     assert result["losses"] == pytest.approx(losses, abs=1e-5)
+    for (tokens, stats), single in zip(result["counts"], results, strict=True):
+        assert tokens == single.trained_tokens  # the whole update's tokens, not rank 0's share
+        assert stats == pytest.approx(single.stats, rel=1e-4, abs=1e-6)
     expected = {k: v.cpu() for k, v in model.state_dict().items()}
     assert set(result["state"]) == set(expected)
     for name, value in expected.items():
