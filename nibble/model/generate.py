@@ -109,10 +109,11 @@ class CacheDecoder:
 def prefill(
     model: MoETransformer, cache: KVCache, ids: torch.Tensor, valid: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run left-padded prompts ``ids`` int64 ``[B, L]`` (``valid`` bool ``[B, L]``) into an empty ``cache``.
+    """Run left-padded prompts ``ids`` int64 ``[B, L]`` (``valid`` bool ``[B, L]``) into ``cache``, emptied first.
 
     Returns float32 logits ``[B, V]`` of the last position and int64 ``[B]``, each row's next RoPE position.
     """
+    cache.reset()
     positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
     logits = model(ids, positions=positions, kv_cache=cache, attention_mask=valid)[:, -1]
     return logits, valid.long().sum(-1)

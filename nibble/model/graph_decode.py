@@ -77,8 +77,6 @@ class GraphDecoder:
             raise ValueError(
                 f"prefill of {tuple(ids.shape)} tokens: this decoder takes [{self.batch}, <= {self.max_len}]"
             )
-        self.cache.length = 0
-        self.cache.key_mask.zero_()
         logits, next_position = prefill(self.model, self.cache, ids, valid)
         self.positions.copy_(next_position)
         self.static.index.fill_(ids.shape[1])

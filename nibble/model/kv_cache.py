@@ -22,6 +22,11 @@ class KVCache:
         self.length = 0
         self.max_len = max_len
 
+    def reset(self) -> None:
+        """Forget every position, keeping the buffers (a new batch of prompts reuses them)."""
+        self.length = 0
+        self.key_mask.zero_()
+
     def reserve(self, valid: torch.Tensor) -> None:
         """Claim the next ``T`` positions; ``valid`` bool ``[B, T]`` marks which are real tokens.
 
