@@ -82,8 +82,8 @@ def throughput(decoder, prompt: torch.Tensor, steps: int, repeats: int) -> dict:
 
 @torch.no_grad()
 def bench(fmt: str, args: argparse.Namespace) -> dict:
-    torch.cuda.reset_peak_memory_stats()
     model = build(fmt, args.layers, args.bf16_last_fraction)
+    torch.cuda.reset_peak_memory_stats()  # from here: the sampler's memory, not the float32 masters built first
     cd = model.plan.torch_compute_dtype
     if fmt == "bf16" and not grouped.available(torch.device("cuda"), cd):
         raise SystemExit(
@@ -95,11 +95,12 @@ def bench(fmt: str, args: argparse.Namespace) -> dict:
         "plan": model.plan.model_dump(),
         "expert_path": "grouped Triton NVFP4 GEMM" if fmt == "nvfp4" else "torch._grouped_mm",
         "resident_expert_bytes": expert_bytes(model),
+        "resident_bytes": torch.cuda.memory_allocated(),
         "graph": throughput(GraphDecoder(model, args.batch, max_len), prompt, args.steps, args.repeats),
         "eager": throughput(GraphDecoder(model, args.batch, max_len, graph=False), prompt, args.steps, args.repeats),
         "dynamic": throughput(CacheDecoder(model, args.batch, max_len), prompt, args.steps, args.repeats),
     }
-    out["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
+    out["decode_peak_bytes"] = torch.cuda.max_memory_allocated()
     print(
         f"{fmt:5s} experts {out['resident_expert_bytes'] / 2**30:.2f} GiB: "
         + "  ".join(f"{mode} {out[mode]['tokens_per_s']:9.0f} tok/s" for mode in ("graph", "eager", "dynamic")),
