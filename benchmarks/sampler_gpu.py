@@ -100,6 +100,7 @@ def bench(fmt: str, args: argparse.Namespace) -> dict:
         "eager": throughput(GraphDecoder(model, args.batch, max_len, graph=False), prompt, args.steps, args.repeats),
         "dynamic": throughput(CacheDecoder(model, args.batch, max_len), prompt, args.steps, args.repeats),
     }
+    # over the timed decodes, their prefills included: the prefill's float32 logits [B, L, V] dominate
     out["decode_peak_bytes"] = torch.cuda.max_memory_allocated()
     print(
         f"{fmt:5s} experts {out['resident_expert_bytes'] / 2**30:.2f} GiB: "
