@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from ..tensors import NVFP4_BLOCK, NVFP4Tensor
+from . import grouped
 from .nvfp4 import dequantize
 from .nvfp4_gemm import nvfp4_gemm_kernel
 
@@ -160,14 +161,11 @@ def dequantized_grouped_matmul(
 ) -> torch.Tensor:
     """:func:`grouped_matmul` by decoding the operands (exactly, in bf16) and calling ``torch._grouped_mm``
     (its bf16 output is rounded once before the global scales are applied)."""
-    num_experts = qw.shape[0]
     xd, xg = _decoded_activations(qx)
     if x_rows is not None:
         xd, xg = xd[x_rows], xg[x_rows]
     w = dequantize(_unscaled(qw), torch.bfloat16)
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=experts.device)
-    counts.scatter_add_(0, experts, torch.ones_like(experts))
-    y = torch._grouped_mm(xd, w.transpose(1, 2), offs=torch.cumsum(counts, 0).to(torch.int32))
+    y = grouped.grouped_mm(xd, w, experts)
     gw = qw.global_scale.to(torch.float32)[experts]
     return ((y.to(torch.float32) * xg[:, None]) * gw[:, None]).to(out_dtype)
 
@@ -179,8 +177,7 @@ def _tiles(experts: torch.Tensor, num_experts: int, block_m: int):
     real tile count as a 1-element device tensor and its host-side upper bound (the launch grid).
     """
     r = experts.shape[0]
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=experts.device)
-    counts.scatter_add_(0, experts, torch.ones_like(experts))
+    counts = grouped.expert_counts(experts, num_experts)
     tiles = (counts + block_m - 1) // block_m
     tile_cum = torch.cumsum(tiles, 0)
     row_first = torch.cumsum(counts, 0) - counts

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -66,6 +67,58 @@ def sample_token(
     return tokens, chosen
 
 
+class Decoder(Protocol):
+    """One batch's incremental decoding: a prefill, then one token per row and step."""
+
+    def prefill(self, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """Left-padded prompts ``ids`` int64 ``[B, L]``, ``valid`` bool ``[B, L]`` -> float32 logits ``[B, V]``
+        of each row's last position."""
+
+    def step(self, token: torch.Tensor, running: torch.Tensor) -> torch.Tensor:
+        """Append ``token`` int64 ``[B]`` (a pad where ``running`` bool ``[B]`` is False) -> float32 logits
+        ``[B, V]``."""
+
+
+class CacheDecoder:
+    """Decoding over a :class:`KVCache` that grows with each step: attention reads the filled positions only.
+
+    The sampler's reference path, whose logprobs the trainer's teacher-forced scoring reproduces.
+    """
+
+    def __init__(self, model: MoETransformer, batch: int, max_len: int):
+        device = next(model.parameters()).device
+        self.model = model
+        self.cache = KVCache(model.config, batch, max_len, dtype=model.plan.torch_compute_dtype, device=device)
+        self.next_position: torch.Tensor | None = None
+
+    def prefill(self, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        logits, self.next_position = prefill(self.model, self.cache, ids, valid)
+        return logits
+
+    def step(self, token: torch.Tensor, running: torch.Tensor) -> torch.Tensor:
+        logits = self.model(
+            token.unsqueeze(1),
+            positions=self.next_position.unsqueeze(1),
+            kv_cache=self.cache,
+            attention_mask=running.unsqueeze(1),
+        )[:, -1]
+        self.next_position = self.next_position + 1
+        return logits
+
+
+def prefill(
+    model: MoETransformer, cache: KVCache, ids: torch.Tensor, valid: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run left-padded prompts ``ids`` int64 ``[B, L]`` (``valid`` bool ``[B, L]``) into ``cache``, emptied first.
+
+    Returns float32 logits ``[B, V]`` of the last position and int64 ``[B]``, each row's next RoPE position.
+    """
+    cache.reset()
+    positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
+    logits = model(ids, positions=positions, kv_cache=cache, attention_mask=valid)[:, -1]
+    return logits, valid.long().sum(-1)
+
+
 @torch.no_grad()
 def generate(
     model: MoETransformer,
@@ -84,16 +137,41 @@ def generate(
         ValueError: an empty prompt list or prompt, ``temperature < 0``, ``top_p`` outside (0, 1], or a
             prompt plus ``max_new_tokens`` longer than the model's context.
     """
-    _check_arguments(model, prompts, max_new_tokens, temperature, top_p)
+    check_arguments(model, prompts, max_new_tokens, temperature, top_p)
     device = next(model.parameters()).device
     ids, valid = left_pad(prompts, pad_id, device)
-    batch, width = ids.shape
-    cache = KVCache(model.config, batch, width + max_new_tokens, dtype=model.plan.torch_compute_dtype, device=device)
-    positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
-    logits = model(ids, positions=positions, kv_cache=cache, attention_mask=valid)[:, -1]
-    next_position = valid.long().sum(-1)
-    stop = torch.tensor(sorted(set(stop_tokens)), dtype=torch.long, device=device)
-    running = torch.ones(batch, dtype=torch.bool, device=device)
+    decoder = CacheDecoder(model, len(prompts), ids.shape[1] + max_new_tokens)
+    return sample_responses(
+        decoder,
+        ids,
+        valid,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        stop_tokens=stop_tokens,
+        pad_id=pad_id,
+        generator=generator,
+    )
+
+
+def sample_responses(
+    decoder: Decoder,
+    ids: torch.Tensor,
+    valid: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    stop_tokens: Sequence[int],
+    pad_id: int,
+    generator: torch.Generator | None,
+) -> Generation:
+    """The sampling loop of :func:`generate` over any :class:`Decoder`, from left-padded prompts ``ids``
+    int64 ``[B, L]`` with ``valid`` bool ``[B, L]``; rows that have stopped feed ``pad_id``."""
+    batch = ids.shape[0]
+    logits = decoder.prefill(ids, valid)
+    stop = torch.tensor(sorted(set(stop_tokens)), dtype=torch.long, device=ids.device)
+    running = torch.ones(batch, dtype=torch.bool, device=ids.device)
     tokens, logprobs = [[] for _ in range(batch)], [[] for _ in range(batch)]
     reasons = ["length"] * batch
     for _ in range(max_new_tokens):
@@ -108,17 +186,12 @@ def generate(
         if not bool(running.any()):
             break
         token = torch.where(running, token, torch.full_like(token, pad_id))
-        logits = model(
-            token.unsqueeze(1),
-            positions=next_position.unsqueeze(1),
-            kv_cache=cache,
-            attention_mask=running.unsqueeze(1),
-        )[:, -1]
-        next_position = next_position + 1
+        logits = decoder.step(token, running)
     return Generation(tokens=tokens, logprobs=logprobs, finish_reasons=reasons)
 
 
-def _check_arguments(model, prompts, max_new_tokens, temperature, top_p) -> None:
+def check_arguments(model, prompts, max_new_tokens, temperature, top_p) -> None:
+    """The :func:`generate` argument checks (its ``Raises``)."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("prompts must be a non-empty list of non-empty token-id lists")
     if max_new_tokens < 1:

@@ -22,6 +22,11 @@ class KVCache:
         self.length = 0
         self.max_len = max_len
 
+    def reset(self) -> None:
+        """Forget every position, keeping the buffers (a new batch of prompts reuses them)."""
+        self.length = 0
+        self.key_mask.zero_()
+
     def reserve(self, valid: torch.Tensor) -> None:
         """Claim the next ``T`` positions; ``valid`` bool ``[B, T]`` marks which are real tokens.
 
@@ -42,3 +47,30 @@ class KVCache:
 
     def advance(self, t: int) -> None:
         self.length += t
+
+
+class StaticKVCache:
+    """One-token decode steps over a :class:`KVCache`'s buffers with static shapes (CUDA-graph capturable).
+
+    The write position is the int64 device tensor ``index`` ``[1]``, not a Python int: each step writes its
+    keys/values at ``index`` and :meth:`update` returns all ``max_len`` positions, so every step has the same
+    shapes and reads nothing back to the host. The caller's attention mask hides positions not yet written.
+    """
+
+    def __init__(self, cache: KVCache):
+        self.cache = cache
+        self.index = torch.zeros(1, dtype=torch.long, device=cache.key_mask.device)
+
+    def reserve(self, valid: torch.Tensor) -> None:
+        """Mark the step's position real (``valid`` bool ``[B]``) or padding in ``key_mask``."""
+        self.cache.key_mask.index_copy_(1, self.index, valid.unsqueeze(1))
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``k, v [B, kvh, 1, hd]`` at ``index``; return the layer's whole ``[B, kvh, max_len, hd]`` buffers."""
+        keys, values = self.cache.keys[layer], self.cache.values[layer]
+        keys.index_copy_(2, self.index, k)
+        values.index_copy_(2, self.index, v)
+        return keys, values
+
+    def advance(self) -> None:
+        self.index += 1

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nibble.model.config import ModelConfig
-from nibble.model.kv_cache import KVCache
+from nibble.model.kv_cache import KVCache, StaticKVCache
 from nibble.model.layers import DecoderLayer, RMSNorm, rotary
 from nibble.recipe.modules import PlannedExperts, PlannedLinear, bf16_operand
 from nibble.recipe.plan import PrecisionPlan
@@ -67,13 +67,35 @@ class MoETransformer(nn.Module):
         self._check_inputs(input_ids, positions)
         valid = attention_mask if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
         mask = self._attention_mask(valid, kv_cache)
+        logits = self.forward_masked(input_ids, positions, mask, kv_cache)
+        if kv_cache is not None:
+            kv_cache.advance(t)
+        return logits
+
+    def forward_masked(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        kv_cache: KVCache | StaticKVCache | None = None,
+    ) -> torch.Tensor:
+        """:meth:`forward` from a ready attention mask, without its input checks (they read values back to
+        the host): the decode step that :class:`~nibble.model.graph_decode.GraphDecoder` captures.
+
+        Args:
+            input_ids: int64 ``[B, T]``, assumed inside the vocab.
+            positions: int64 ``[B, T]`` RoPE positions, assumed below ``max_position_embeddings``.
+            mask: bool ``[B, 1, T, S]``, True where a query attends to a key; ``S`` is the number of keys
+                the cache's ``update`` returns (``T`` without a cache).
+            kv_cache: written at this chunk's positions; not advanced.
+        Returns:
+            float32 ``[B, T, vocab_size]``.
+        """
         cd = self.plan.torch_compute_dtype
         x = F.embedding(input_ids, bf16_operand(self.model.embed_tokens.weight, self.plan)).to(cd)
         cos, sin = rotary(positions, self.config.head_dim, self.config.rope_theta)
         for layer in self.model.layers:
             x = layer(x, cos, sin, mask, kv_cache)
-        if kv_cache is not None:
-            kv_cache.advance(t)
         return self.lm_head(self.model.norm(x)).to(torch.float32)
 
     def _check_inputs(self, input_ids: torch.Tensor, positions: torch.Tensor) -> None:

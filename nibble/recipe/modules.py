@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nibble.kernels import gemm
+from nibble.kernels.gpu import grouped
 from nibble.recipe.compute import linear
 from nibble.recipe.linear import quantized_matmul, select, uses_kernels
 from nibble.recipe.plan import PrecisionPlan
@@ -78,7 +79,8 @@ class PlannedExperts(nn.Module):
 
     Quantised per expert projection with gate and up sharing one outer scale (they are one tensor).
     Tokens are sorted by expert; on CUDA without gradients (sampler, ``π_old`` scoring) all experts run
-    in two grouped NVFP4 GEMM launches, otherwise each expert runs one matmul over its tokens.
+    in two grouped GEMM launches (the NVFP4 Triton kernel, or ``torch._grouped_mm`` for bf16 experts in
+    bf16 compute) with no host synchronisation, otherwise each expert runs one matmul over its tokens.
     """
 
     def __init__(self, num_experts: int, hidden: int, inter: int, *, fmt: str, plan: PrecisionPlan):
@@ -112,6 +114,11 @@ class PlannedExperts(nn.Module):
         return torch.zeros(x.shape, dtype=cd, device=x.device).index_add(0, token, weighted)
 
     def _grouped_kernel_applies(self, x: torch.Tensor) -> bool:
+        if self.fmt == "bf16":
+            # The vendor grouped GEMM takes bf16 only (bf16 compute, the GPU plan); trainer-form weights
+            # that need gradients keep the per-expert loop, whose backward autograd provides.
+            needs_grad = torch.is_grad_enabled() and self.gate_up_proj.requires_grad
+            return grouped.available(x.device, self.plan.torch_compute_dtype) and not needs_grad
         # Per-token activation scales make a token's codes independent of which expert's batch it is in,
         # so quantising each token once for all its experts is the same function as the per-expert loop.
         return (
@@ -126,16 +133,25 @@ class PlannedExperts(nn.Module):
         flat = top_k_index.reshape(-1)
         order = torch.argsort(flat, stable=True)
         experts, token = flat[order], order // top_k_index.shape[1]
-        if self.packed is not None:
-            q_gate_up, q_down = self.packed
-        else:
-            q_gate_up, q_down = (quantize_weight(w, self.fmt, self.plan) for w in (self.gate_up_proj, self.down_proj))
-        qx = quantize_activation(x.to(cd), self.fmt, self.plan)
-        gate, up = gemm.grouped_matmul(qx, q_gate_up, experts, token, out_dtype=cd, validate=False).chunk(2, dim=-1)
-        qh = quantize_activation(F.silu(gate) * up, self.fmt, self.plan)
-        routed = gemm.grouped_matmul(qh, q_down, experts, out_dtype=cd, validate=False)
+        gate_up, down = self._grouped_operands()
+        gate, up = self._grouped_product(x.to(cd), gate_up, experts, token).chunk(2, dim=-1)
+        routed = self._grouped_product(F.silu(gate) * up, down, experts, None)
         weighted = routed * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(cd)
         return torch.zeros(x.shape, dtype=cd, device=x.device).index_add(0, token, weighted)
+
+    def _grouped_operands(self):
+        if self.fmt == "bf16":
+            return [bf16_operand(w, self.plan) for w in (self.gate_up_proj, self.down_proj)]
+        if self.packed is not None:
+            return self.packed
+        return [quantize_weight(w, self.fmt, self.plan) for w in (self.gate_up_proj, self.down_proj)]
+
+    def _grouped_product(self, a: torch.Tensor, weight, experts: torch.Tensor, rows: torch.Tensor | None):
+        """``out[r] = a[rows[r]] @ weight[experts[r]].T`` (``rows=None``: row ``r``) in one launch."""
+        if self.fmt == "bf16":
+            return grouped.grouped_mm(a if rows is None else a[rows], weight, experts)
+        qa = quantize_activation(a, self.fmt, self.plan)
+        return gemm.grouped_matmul(qa, weight, experts, rows, out_dtype=self.plan.torch_compute_dtype, validate=False)
 
     def _operands(self):
         if self.packed is not None:
