@@ -277,6 +277,31 @@ def test_given_tokens_and_an_existing_secret_are_used():
     assert {ref[0] for ref in secret_env(container(workload(existing, "trainer"))).values()} == {"mine"}
 
 
+def render_notes(tmp_path: Path, *sets: str) -> str:
+    """NOTES.txt as ``helm install`` would print it: ``helm template`` skips NOTES.txt (and ``install
+    --dry-run`` needs a cluster), so a copy of the chart carries it as a ConfigMap's value."""
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    notes = (chart / "templates" / "NOTES.txt").read_text()
+    (chart / "templates" / "_notes.tpl").write_text('{{- define "notes" -}}\n' + notes + "{{- end -}}\n")
+    (chart / "templates" / "notes.yaml").write_text(
+        'apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\ndata:\n  notes: {{ include "notes" . | quote }}\n'
+    )
+    values = [arg for s in sets for arg in ("--set", s)]
+    argv = [HELM, "template", RELEASE, str(chart), "--namespace", NAMESPACE, "--show-only", "templates/notes.yaml"]
+    result = subprocess.run([*argv, *values], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)["data"]["notes"]
+
+
+def test_notes_name_the_release_s_objects(tmp_path):
+    notes = render_notes(tmp_path / "gpu", "trainer.gpusPerPod=4")
+    assert f"kubectl -n {NAMESPACE} logs -f job/{FULLNAME}-trainer" in notes
+    assert "4 process(es) on 4 GPU(s)" in notes and "must be inside the image" in notes
+    notes = render_notes(tmp_path / "cpu", "trainer.gpusPerPod=0", "model.existingClaim=w", "secrets.existingSecret=s")
+    assert "one CPU process" in notes and "inside the image" not in notes and "Secret" not in notes
+
+
 # --- Redis as the chart starts it --------------------------------------------------------------------------
 
 
