@@ -131,6 +131,7 @@ class SamplerConfig(Section):
     reward_timeout_seconds: float = Field(5.0, gt=0)
     threads: int = Field(1, ge=1, description="torch threads per sampler process")
     metrics_port: int = Field(0, ge=0, le=65535)
+    metrics_host: str = Field("127.0.0.1", description="address /metrics binds; 0.0.0.0 in a pod Prometheus scrapes")
 
 
 class TrainerConfig(Section):
@@ -157,6 +158,7 @@ class TrainerConfig(Section):
     ledger_size: int = Field(1_000_000, ge=1, description="trained trajectory_ids remembered in the checkpoint")
     threads: int = Field(1, ge=1)
     metrics_port: int = Field(0, ge=0, le=65535)
+    metrics_host: str = Field("127.0.0.1", description="address /metrics binds; 0.0.0.0 in a pod Prometheus scrapes")
     device: Literal["cpu", "cuda"] = Field("cpu", description="cuda: each trainer process on its own GPU")
     nproc_per_node: int = Field(
         1, ge=1, description="trainer processes (torchrun --nproc-per-node); above 1, FSDP2 shards the model"

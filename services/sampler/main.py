@@ -41,7 +41,7 @@ def build(config, name: str, out: Path | None):
     task = get_task(config.task.name, **config.task.options)
     engine = BuiltinEngine(model, pad_id=task.tokenizer.pad_id)
     metrics = Metrics("sampler")
-    port = metrics.serve(config.sampler.metrics_port).server_port
+    port = metrics.serve(config.sampler.metrics_port, config.sampler.metrics_host).server_port
     logging.getLogger("nibble").info("metrics on http://127.0.0.1:%d/metrics", port)
     client = connect(config.redis)
     subscriber = subscriber_from_config(config.weightsync, name)

@@ -82,7 +82,7 @@ def _connect(config, metrics, state):
     """Rank 0's links to the outside: metrics endpoint, the stream, admission, weight-sync."""
     from nibble.transport import AdmissionCounter, TrajectoryReader, connect, publisher_from_config
 
-    port = metrics.serve(config.trainer.metrics_port).server_port
+    port = metrics.serve(config.trainer.metrics_port, config.trainer.metrics_host).server_port
     logging.getLogger("nibble").info("metrics on http://127.0.0.1:%d/metrics", port)
     client = connect(config.redis)
     reader = TrajectoryReader(
