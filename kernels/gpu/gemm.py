@@ -13,7 +13,7 @@ from .nvfp4_gemm import nvfp4_gemm_kernel
 
 # From this many rows on, decoding inside the GEMM costs more than decoding the operands once and using
 # the vendor bf16 GEMM (measured side by side by benchmarks/kernels_gpu.py on the H200).
-DEQUANTIZE_FALLBACK_ROWS = 8
+DEQUANTIZE_FALLBACK_ROWS = 128
 # The same for the grouped GEMM (rows = tokens x top-k), where torch._grouped_mm exists.
 GROUPED_FALLBACK_ROWS = 4096
 
@@ -22,36 +22,79 @@ def _configs() -> list[triton.Config]:
     return [
         triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
         for bn, bk, w, s in (
-            (32, 256, 4, 3),
-            (64, 256, 4, 3),
             (64, 128, 4, 4),
-            (128, 128, 8, 3),
+            (64, 256, 4, 3),
+            (64, 256, 8, 3),
+            (64, 512, 8, 2),
         )
     ]
 
 
-_tuned = triton.autotune(configs=_configs(), key=["N", "K", "BLOCK_M", "GROUPED"])(nvfp4_gemm_kernel)
+_tuned = triton.autotune(configs=_configs(), key=["N", "K", "BLOCK_M", "GROUPED", "SPLIT_K"])(nvfp4_gemm_kernel)
 # The Triton interpreter (CPU tests) has no benchmarking driver: it runs one fixed configuration.
 _INTERPRETER_CONFIG = {"BLOCK_N": 32, "BLOCK_K": 64}
+# Split K until the launch has this many programs per multiprocessor, keeping at least MIN_SPLIT_K
+# elements of K per program (the interpreter, on small test shapes, splits too: the path is tested).
+PROGRAMS_PER_SM = 2
+MIN_SPLIT_K = {"cuda": 1024, "cpu": 64}
 
 
-def _launch(m_tiles: int, n: int, *args, **constexprs) -> None:
-    if args[0].is_cuda:
-        grid = lambda meta: (m_tiles, triton.cdiv(n, meta["BLOCK_N"]))  # noqa: E731
-        _tuned[grid](*args, **constexprs, DOT_DTYPE=tl.bfloat16, enable_fp_fusion=False)
+def _split_k(programs: int, k: int, device: torch.device) -> int:
+    """How many programs share K: a power of two that fills the GPU at decode sizes (1 when the row and
+    column tiles already do)."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
+    split = 1
+    while programs * split < PROGRAMS_PER_SM * sms and k // (2 * split) >= MIN_SPLIT_K[device.type]:
+        split *= 2
+    return split
+
+
+def _launch(
+    m_tiles: int,
+    n: int,
+    k: int,
+    out: torch.Tensor,
+    xe,
+    xo,
+    xg,
+    x_rows,
+    w_codes,
+    w_scales,
+    wg,
+    tiles,
+    rows,
+    **constexprs,
+):
+    """Run the kernel into ``out`` ``[rows, n]``, through a float32 split-K workspace when K is split."""
+    cuda = xe.is_cuda
+    block_n = 64 if cuda else _INTERPRETER_CONFIG["BLOCK_N"]
+    split = _split_k(m_tiles * triton.cdiv(n, block_n), k, xe.device)
+    target = out if split == 1 else torch.empty((split, rows, n), dtype=torch.float32, device=out.device)
+    args = (xe, xo, xg, x_rows, w_codes, w_scales, wg, target, *tiles, rows, n, k)
+    grid = (m_tiles, triton.cdiv(n, block_n), split)
+    if cuda:
+        _tuned[grid](*args, **constexprs, SPLIT_K=split, DOT_DTYPE=tl.float16, enable_fp_fusion=False)
     else:
-        grid = (m_tiles, triton.cdiv(n, _INTERPRETER_CONFIG["BLOCK_N"]))
-        nvfp4_gemm_kernel[grid](*args, **constexprs, **_INTERPRETER_CONFIG, DOT_DTYPE=tl.float32)
+        nvfp4_gemm_kernel[grid](*args, **constexprs, SPLIT_K=split, **_INTERPRETER_CONFIG, DOT_DTYPE=tl.float32)
+    if split > 1:
+        out.copy_(target.sum(dim=0))
 
 
-def _decoded_activations(qx: NVFP4Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Activations decoded once without their global scale (exact in bf16) and the per-row scales ``[M]``."""
-    dtype = torch.bfloat16 if qx.codes.is_cuda else torch.float32
+def _decoded_activations(qx: NVFP4Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Activations decoded once to ``dtype`` without their global scale (exact in bf16 and float16) and the
+    per-row scales ``[M]``."""
     m = qx.shape[0]
     g = qx.global_scale.reshape(-1).to(torch.float32)
     if g.numel() == 1 and m != 1:
         g = g.expand(m).contiguous()
     return dequantize(_unscaled(qx), dtype), g
+
+
+def _planes(qx: NVFP4Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The packed kernel's activation operands: even and odd elements ``[M, K / 2]`` (float16 on GPUs,
+    float32 in the interpreter) and the per-row global scales ``[M]``."""
+    xd, g = _decoded_activations(qx, torch.float16 if qx.codes.is_cuda else torch.float32)
+    return xd[:, 0::2].contiguous(), xd[:, 1::2].contiguous(), g
 
 
 def _block_m(rows: int) -> int:
@@ -93,14 +136,13 @@ def packed_matmul(qx: NVFP4Tensor, qw: NVFP4Tensor, out_dtype: torch.dtype) -> t
     out = torch.empty((m, n), dtype=out_dtype, device=qx.device)
     if m == 0:
         return out
-    xd, xg = _decoded_activations(qx)
+    xe, xo, xg = _planes(qx)
     block_m = _block_m(m)
     w_codes, w_scales = _flat(qw)
     wg = qw.global_scale.reshape(1).to(torch.float32)
     unused = xg  # the grouped-only pointers
     _launch(
-        triton.cdiv(m, block_m), n, xd, xg, unused, w_codes, w_scales, wg, out,
-        unused, unused, unused, unused, m, n, k,
+        triton.cdiv(m, block_m), n, k, out, xe, xo, xg, unused, w_codes, w_scales, wg, (unused,) * 4, m,
         GROUPED=False, GATHER_X=False, BLOCK_M=block_m,
     )  # fmt: skip
     return out
@@ -143,14 +185,14 @@ def grouped_matmul(
         return out
     block_m = _block_m(max(1, r // num_experts))
     tile_expert, tile_start, tile_end, num_tiles, max_tiles = _tiles(experts, num_experts, block_m)
-    xd, xg = _decoded_activations(qx)
+    xe, xo, xg = _planes(qx)
     w_codes, w_scales = _flat(qw)
     gather = x_rows is not None
     rows_index = x_rows if gather else tile_start
     wg = qw.global_scale.to(torch.float32).contiguous()
     _launch(
-        max_tiles, n, xd, xg, rows_index, w_codes, w_scales, wg, out,
-        tile_expert, tile_start, tile_end, num_tiles, r, n, k,
+        max_tiles, n, k, out, xe, xo, xg, rows_index, w_codes, w_scales, wg,
+        (tile_expert, tile_start, tile_end, num_tiles), r,
         GROUPED=True, GATHER_X=gather, BLOCK_M=block_m,
     )  # fmt: skip
     return out
@@ -161,7 +203,7 @@ def dequantized_grouped_matmul(
 ) -> torch.Tensor:
     """:func:`grouped_matmul` by decoding the operands (exactly, in bf16) and calling ``torch._grouped_mm``
     (its bf16 output is rounded once before the global scales are applied)."""
-    xd, xg = _decoded_activations(qx)
+    xd, xg = _decoded_activations(qx, torch.bfloat16)
     if x_rows is not None:
         xd, xg = xd[x_rows], xg[x_rows]
     w = dequantize(_unscaled(qw), torch.bfloat16)
