@@ -128,19 +128,39 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _run(nproc: int, groups: int) -> dict:
+def _run(argv: list[str], nproc: int, groups: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "figures.json"
-        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
-        argv += ["-m", "benchmarks.sharded_trainer", *sys.argv[1:], "--groups", str(groups), "--worker-out", str(out)]
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+        command += ["-m", "benchmarks.sharded_trainer", *argv, "--groups", str(groups), "--worker-out", str(out)]
         started = time.monotonic()
-        done = subprocess.run(argv, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        done = subprocess.run(command, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         if done.returncode != 0:
             raise SystemExit(f"torchrun with {nproc} processes failed (exit {done.returncode}); see above")
         figures = json.loads(out.read_text())
         figures["groups_per_step"] = groups
         figures["wall_seconds_including_start"] = time.monotonic() - started
         return figures
+
+
+def _check(parser: argparse.ArgumentParser, args) -> list[int]:
+    """The process counts of ``--gpus``; any unusable argument ends the script with a message naming it."""
+    try:
+        counts = [int(n) for n in args.gpus.split(",")]
+    except ValueError:
+        parser.error(f"--gpus={args.gpus!r}: expected comma-separated process counts such as 1,2")
+    if not counts or min(counts) < 1 or len(set(counts)) != len(counts):
+        parser.error(f"--gpus={args.gpus!r}: process counts must be distinct and at least 1")
+    for name in ("layers", "groups", "group_size", "prompt_tokens", "response_tokens", "updates_per_batch", "steps"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be at least 1")
+    if args.warmup < 0 or args.threads < 1:
+        parser.error("--warmup must be >= 0 and --threads >= 1")
+    if args.response_tokens < 2:
+        parser.error("--response-tokens must be at least 2 (lengths are drawn from half of it up to it)")
+    if args.groups % args.updates_per_batch:
+        parser.error(f"--groups={args.groups} is not divisible by --updates-per-batch={args.updates_per_batch}")
+    return counts
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -158,21 +178,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=4, help="torch CPU threads per process")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200x2_sharded_trainer.json"))
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="results JSON (default: benchmarks/results/h200x2_sharded_trainer.json on CUDA, "
+        "runs/benchmarks/sharded_trainer_cpu.json with --device cpu, so a script check never replaces GPU figures)",
+    )
     parser.add_argument("--worker-out", help=argparse.SUPPRESS)
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if args.worker_out:
         worker(args)
         return
-    counts = [int(n) for n in args.gpus.split(",")]
+    counts = _check(parser, args)
     if args.device == "cuda" and (not torch.cuda.is_available() or torch.cuda.device_count() < max(counts)):
         raise SystemExit(f"benchmarks/sharded_trainer.py needs {max(counts)} CUDA GPUs (or --device cpu)")
-    if args.groups % args.updates_per_batch:
-        raise SystemExit(f"--groups={args.groups} is not divisible by --updates-per-batch={args.updates_per_batch}")
+    if args.out is None:
+        gpu = args.device == "cuda"
+        args.out = Path(
+            "benchmarks/results/h200x2_sharded_trainer.json" if gpu else "runs/benchmarks/sharded_trainer_cpu.json"
+        )
     first = counts[0]
-    runs = {"strong": {str(n): _run(n, args.groups) for n in counts}}
+    runs = {"strong": {str(n): _run(argv, n, args.groups) for n in counts}}
     runs["weak"] = {str(first): runs["strong"][str(first)]}
-    runs["weak"].update({str(n): _run(n, args.groups * n // first) for n in counts if n != first})
+    runs["weak"].update({str(n): _run(argv, n, args.groups * n // first) for n in counts if n != first})
     for scaling, by_count in runs.items():
         base = by_count[str(first)]["tokens_per_second"]
         for n in counts:
@@ -190,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
     result = {
         "machine": describe(),
         "gpus_visible": torch.cuda.device_count() if torch.cuda.is_available() else 0,
-        "command": "python -m benchmarks.sharded_trainer " + " ".join(sys.argv[1:]),
+        "command": "python -m benchmarks.sharded_trainer " + " ".join(argv),
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "worker_out")},
         "runs": runs,
     }

@@ -163,6 +163,9 @@ class TrainerConfig(Section):
     nproc_per_node: int = Field(
         1, ge=1, description="trainer processes (torchrun --nproc-per-node); above 1, FSDP2 shards the model"
     )
+    collective_timeout_s: float = Field(
+        3600.0, gt=0, description="sharded: how long ranks wait in a collective, e.g. for rank 0's next batch"
+    )
 
 
 class RunConfig(Section):

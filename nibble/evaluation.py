@@ -20,9 +20,16 @@ def decode_response(task: Task, tokens: Sequence[int]) -> str:
 
 
 @torch.no_grad()
-def accuracy(model: MoETransformer, task: Task, examples: Sequence[Example] | None = None, batch: int = 128) -> float:
+def accuracy(
+    model: MoETransformer,
+    task: Task,
+    examples: Sequence[Example] | None = None,
+    batch: int = 128,
+    stop_early: bool = True,
+) -> float:
     """Fraction of ``examples`` (default: the task's evaluation split) answered with reward ≥ 1 under
-    greedy decoding; a response whose reward fails (``None``) counts as wrong."""
+    greedy decoding; a response whose reward fails (``None``) counts as wrong. ``stop_early=False`` for
+    an FSDP-sharded model (see :func:`nibble.model.generate.generate`)."""
     examples = list(task.eval_examples() if examples is None else examples)
     if not examples:
         raise ValueError("accuracy: no evaluation examples")
@@ -36,6 +43,7 @@ def accuracy(model: MoETransformer, task: Task, examples: Sequence[Example] | No
             temperature=0.0,
             stop_tokens=[task.tokenizer.eos_id],
             pad_id=task.tokenizer.pad_id,
+            stop_early=stop_early,
         )
         rewards = task.score_many(chunk, [decode_response(task, t) for t in out.tokens])
         correct += sum(1 for r in rewards if r is not None and r >= 1.0)

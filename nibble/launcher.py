@@ -162,8 +162,10 @@ def launch(
     """Run the services until the trainer finishes; return the effective config.
 
     Raises:
+        ValueError: the trainer asks for more GPUs than this machine has (nothing is started).
         RuntimeError: naming the child (and its log) that failed.
     """
+    check_devices(config)
     out.mkdir(parents=True, exist_ok=True)
     cluster = Cluster(out, env=child_environment())
     previous = signal.signal(signal.SIGTERM, _raise_exit)  # so the children are stopped on SIGTERM too
@@ -192,6 +194,25 @@ def launch(
     finally:
         cluster.stop()
         signal.signal(signal.SIGTERM, previous)
+
+
+def check_devices(config: RunConfig) -> None:
+    """Refuse, before anything starts, a trainer on GPUs this machine does not have.
+
+    Raises:
+        ValueError: naming the settings and the GPUs visible.
+    """
+    t = config.trainer
+    if t.device != "cuda":
+        return
+    import torch
+
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if visible < t.nproc_per_node:
+        raise ValueError(
+            f"trainer.device=cuda with trainer.nproc_per_node={t.nproc_per_node} needs that many GPUs; "
+            f"{visible} visible"
+        )
 
 
 def _raise_exit(signum, _frame) -> None:

@@ -58,7 +58,11 @@ def run(
             )
 
     started = time.time()
-    effective = launch(loaded, out, redis_url=redis_url, on_progress=progress)
+    try:
+        effective = launch(loaded, out, redis_url=redis_url, on_progress=progress)
+    except RuntimeError as exc:  # a service failed; the message names it and its log
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
     summary = summarize(out, effective, time.time() - started)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot(out)

@@ -130,8 +130,13 @@ def generate(
     stop_tokens: Sequence[int] = (),
     pad_id: int = 0,
     generator: torch.Generator | None = None,
+    stop_early: bool = True,
 ) -> Generation:
     """Sample up to ``max_new_tokens`` tokens after each prompt (token-id lists), all rows in one batch.
+
+    ``stop_early=False`` keeps stepping after every row has stopped (the responses are the same): each
+    call then runs exactly ``max_new_tokens`` forwards, which FSDP-sharded models need (every forward
+    is a collective, and ranks must agree on their number whatever they decode).
 
     Raises:
         ValueError: an empty prompt list or prompt, ``temperature < 0``, ``top_p`` outside (0, 1], or a
@@ -151,6 +156,7 @@ def generate(
         stop_tokens=stop_tokens,
         pad_id=pad_id,
         generator=generator,
+        stop_early=stop_early,
     )
 
 
@@ -165,6 +171,7 @@ def sample_responses(
     stop_tokens: Sequence[int],
     pad_id: int,
     generator: torch.Generator | None,
+    stop_early: bool = True,
 ) -> Generation:
     """The sampling loop of :func:`generate` over any :class:`Decoder`, from left-padded prompts ``ids``
     int64 ``[B, L]`` with ``valid`` bool ``[B, L]``; rows that have stopped feed ``pad_id``."""
@@ -183,7 +190,7 @@ def sample_responses(
         for row in ended.nonzero().flatten().tolist():
             reasons[row] = "stop"
         running = running & ~ended
-        if not bool(running.any()):
+        if stop_early and not bool(running.any()):
             break
         token = torch.where(running, token, torch.full_like(token, pad_id))
         logits = decoder.step(token, running)

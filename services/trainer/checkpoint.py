@@ -9,6 +9,7 @@ leaves either the previous checkpoint or the new one, never half.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from collections import OrderedDict
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint.api import CheckpointException
 
 from nibble.model import MoETransformer
 from nibble.model.hf import write_config
@@ -26,6 +28,8 @@ from nibble.trainer.sharded import Shard
 STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.safetensors"
 SHARDED_DIR = "sharded"
+
+log = logging.getLogger("nibble.trainer")
 
 
 class Ledger:
@@ -117,23 +121,58 @@ def load_sharded(path: Path, model: MoETransformer, optimizer: torch.optim.Optim
     ranks: ``torch.distributed.checkpoint`` reshards).
 
     Raises:
-        ValueError: ``path`` was written by a single-process trainer (its weights are safetensors).
+        ValueError: ``path`` was written by a single-process trainer (its weights are safetensors), or its
+            files are missing or damaged.
     """
     if not is_sharded(path):
         raise ValueError(
             f"{path}: written by a single-process trainer; resume it with trainer.nproc_per_node=1 "
             "(or start the sharded trainer from a fresh checkpoint_dir)"
         )
-    sharded.load_checkpoint(model, optimizer, Path(path) / SHARDED_DIR)
+    try:
+        sharded.load_checkpoint(model, optimizer, Path(path) / SHARDED_DIR)
+    except (OSError, RuntimeError, AssertionError, ValueError, CheckpointException) as exc:  # DCP's failures
+        raise ValueError(
+            f"{path}: unreadable sharded checkpoint ({type(exc).__name__}: {exc}); move it aside to resume "
+            "from the checkpoint before it"
+        ) from exc
 
 
 def latest(directory: Path) -> Path | None:
-    """The checkpoint ``latest`` points at, or ``None`` when the directory has none."""
-    pointer = Path(directory) / "latest"
-    if not pointer.is_file():
+    """The checkpoint to resume from: the one ``latest`` points at, or, when that one is incomplete (a
+    crash between writes, a damaged disk) or the pointer is missing, the newest complete ``step-*``, with
+    a warning naming what was skipped. ``None`` when the directory holds no checkpoint at all.
+
+    Raises:
+        ValueError: checkpoints are there but none is complete (starting afresh would rotate them away).
+    """
+    directory = Path(directory)
+    pointer = directory / "latest"
+    steps = sorted(directory.glob("step-*"))
+    if not pointer.is_file() and not steps:
         return None
-    path = Path(directory) / pointer.read_text().strip()
-    return path if (path / STATE_FILE).is_file() else None
+    named = directory / pointer.read_text().strip() if pointer.is_file() else None
+    if named is not None and is_complete(named):
+        return named
+    complete = [step for step in steps if is_complete(step)]
+    if not complete:
+        raise ValueError(
+            f"{directory}: no complete checkpoint (each needs {STATE_FILE} and its weights); move the directory "
+            "aside to start again from the warm start"
+        )
+    skipped = named if named is not None else f"{pointer} (missing)"
+    log.warning("checkpoint %s is incomplete; resuming from %s", skipped, complete[-1])
+    return complete[-1]
+
+
+def is_complete(path: Path) -> bool:
+    """Whether checkpoint ``path`` holds its state and weights (sharded or single-process)."""
+    path = Path(path)
+    if not (path / STATE_FILE).is_file():
+        return False
+    if is_sharded(path):
+        return (path / SHARDED_DIR / ".metadata").is_file()
+    return (path / OPTIMIZER_FILE).is_file() and any(path.glob("*.safetensors"))
 
 
 def load_state(path: Path) -> TrainerState:

@@ -9,6 +9,9 @@ import sys
 import threading
 from pathlib import Path
 
+STOPPED_EXIT_CODE = 128 + int(signal.SIGTERM)
+"""Exit status of a trainer stopped (SIGTERM/SIGINT) after its last checkpoint, before ``total_steps``."""
+
 
 def parse(argv: list[str] | None):
     parser = argparse.ArgumentParser(prog="nibble trainer", description="Nibble's trainer service")
@@ -47,7 +50,7 @@ def build(config, out: Path, stop: threading.Event):
     torch.manual_seed(config.seed)
     if t.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("trainer.device=cuda but no CUDA GPU is visible to this process")
-    shard = sharded.init_process_group(t.device) if sharded.launched_by_torchrun() else None
+    shard = sharded.init_process_group(t.device, t.collective_timeout_s) if sharded.launched_by_torchrun() else None
     resume = checkpoint.latest(t.checkpoint_dir)
     if shard is None:
         if resume is not None and checkpoint.is_sharded(resume):
@@ -110,12 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    trainer.run()
+    finished = trainer.run()
     if trainer.shard is not None:
         from nibble.trainer import sharded
 
         sharded.close()
-    return 0
+    # Stopped before total_steps is not success: a Kubernetes Job must not count an evicted trainer done.
+    return 0 if finished else STOPPED_EXIT_CODE
 
 
 if __name__ == "__main__":

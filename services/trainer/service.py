@@ -189,7 +189,8 @@ class Trainer:
 
     def evaluate(self) -> None:
         self.model.eval()
-        self.state.eval_accuracy = accuracy(self.model, self.task)
+        # sharded: every rank decodes the same examples with a fixed number of (collective) forwards
+        self.state.eval_accuracy = accuracy(self.model, self.task, stop_early=self.shard is None)
         self.model.train()
         self.metrics.eval_accuracy.set(self.state.eval_accuracy)
 

@@ -11,6 +11,7 @@ CPUs).
 
 from __future__ import annotations
 
+import datetime
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,9 +52,11 @@ def launched_by_torchrun() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
-def init_process_group(device: str = "cpu") -> Shard:
+def init_process_group(device: str = "cpu", timeout_s: float = 3600.0) -> Shard:
     """Join the process group that ``torchrun`` describes in the environment: NCCL with each rank on GPU
-    ``LOCAL_RANK`` for ``device="cuda"``, gloo for ``"cpu"``.
+    ``LOCAL_RANK`` for ``device="cuda"``, gloo for ``"cpu"``. A collective that waits longer than
+    ``timeout_s`` seconds fails (the other ranks wait in one while rank 0 reads a batch from the stream, so
+    this must exceed the samplers' slowest batch).
 
     Raises:
         ValueError: a torchrun variable is missing (start the trainer with ``torchrun --nproc-per-node N``),
@@ -73,7 +76,8 @@ def init_process_group(device: str = "cpu") -> Shard:
                     "(trainer.nproc_per_node must not exceed the GPUs of the node)"
                 )
             torch.cuda.set_device(local_rank)
-        dist.init_process_group("nccl" if device == "cuda" else "gloo")
+        backend = "nccl" if device == "cuda" else "gloo"
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
     return Shard(dist.get_rank(), dist.get_world_size())
 
 
@@ -139,8 +143,9 @@ def published_state(model: MoETransformer) -> dict[str, torch.Tensor]:
 
 
 def full_state(model: MoETransformer) -> dict[str, torch.Tensor]:
-    """The whole model's float32 state on rank 0's CPU (empty on other ranks), gathered one parameter at
-    a time, so no GPU ever holds the whole model; this is what the trainer publishes."""
+    """The whole model's float32 state dict on rank 0's CPU (empty on other ranks), gathered one parameter
+    at a time, so no GPU ever holds the whole model (for inspection and tests; the trainer publishes
+    :func:`published_state`)."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     return get_model_state_dict(model, options=options)
 

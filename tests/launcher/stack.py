@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from nibble.config import RunConfig, load
 from nibble.launcher import Child, Cluster, child_environment, free_port
+from nibble.trainer.main import STOPPED_EXIT_CODE
 from tests.services import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -146,10 +147,11 @@ class Stack:
         return path
 
     def check_alive(self) -> None:
-        """Raise, with its log's tail, when a process has exited with an error (or a service at all)."""
+        """Raise, with its log's tail, when a process has exited with an error (or a service at all; the
+        trainer may have finished or been stopped)."""
         for child in self.cluster.children:
             code = child.process.poll()
-            if code is not None and (code != 0 or child is not self.trainer):
+            if code is not None and (code not in (0, STOPPED_EXIT_CODE) or child is not self.trainer):
                 raise AssertionError(f"{child.name} exited with {code}:\n{child.log.read_text()[-3000:]}")
 
     def value(self, process: str, name: str, **labels: str) -> float:
@@ -175,8 +177,8 @@ class Stack:
 
     def finish_training(self, min_steps: int) -> None:
         """Once ``min_steps`` steps are recorded, keep the trainer's last scrape in ``trainer_metrics`` and
-        stop it with SIGTERM (it finishes its step, checkpoints, and exits 0); weight-sync and the samplers
-        keep running. Does nothing when the trainer has stopped already."""
+        stop it with SIGTERM (it finishes its step, checkpoints, and exits 143: stopped, not finished);
+        weight-sync and the samplers keep running. Does nothing when the trainer has stopped already."""
         assert self.trainer is not None
         if self.trainer.process.poll() is not None:
             return
@@ -187,7 +189,7 @@ class Stack:
             code = self.trainer.process.wait(timeout=120)
         except subprocess.TimeoutExpired:
             raise AssertionError("the trainer did not stop within 120 s of SIGTERM") from None
-        assert code == 0, self.trainer.log.read_text()[-3000:]
+        assert code == STOPPED_EXIT_CODE, self.trainer.log.read_text()[-3000:]
 
     def logs(self) -> dict[str, str]:
         """Each process's log so far, by process name."""

@@ -4,11 +4,13 @@ of the other layout, or a GPU that is not there, is refused with a clear error."
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 NIBBLE = str(Path(sys.executable).with_name("nibble"))
@@ -76,6 +78,35 @@ def test_a_single_process_trainer_refuses_a_sharded_checkpoint(sharded_run):
     assert done.returncode == 2
     assert "written by a sharded trainer" in done.stderr and "nproc_per_node" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_damaged_sharded_checkpoint_is_refused_with_its_name(sharded_run, tmp_path):
+    out, _ = sharded_run
+    copy = tmp_path / "trainer"
+    shutil.copytree(out / "trainer", copy)
+    latest = copy / (copy / "latest").read_text().strip()
+    next((latest / "sharded").glob("*.distcp")).unlink()
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    config["trainer"]["checkpoint_dir"] = str(copy)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    argv += ["-m", "nibble.trainer", "--config", str(path), "--out", str(tmp_path / "out")]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=180)
+    assert done.returncode != 0
+    assert f"{latest}: unreadable sharded checkpoint" in done.stderr, done.stderr[-3000:]
+
+
+def test_nibble_run_refuses_gpus_it_does_not_have_before_starting_anything(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    env = {**os.environ, "NIBBLE_TRAINER__DEVICE": "cuda", "NIBBLE_TRAINER__NPROC_PER_NODE": "2"}
+    argv = [NIBBLE, "run", "--config", str(ROOT / "configs" / "smoke.yaml"), "--out", str(tmp_path / "run")]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 2 and "needs that many GPUs; 0 visible" in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and not (tmp_path / "run" / "logs").exists()
 
 
 def test_a_cuda_trainer_without_a_gpu_is_refused(sharded_run):

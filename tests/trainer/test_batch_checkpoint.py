@@ -90,3 +90,26 @@ def test_only_the_newest_checkpoints_are_kept(tmp_path):
         path = checkpoint.save(tmp_path, model, optimizer, checkpoint.TrainerState(step=step))
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-00000003", "step-00000004"]
     assert checkpoint.latest(tmp_path) == path and checkpoint.load_state(path).step == 4
+
+
+def _saved_steps(directory, steps):
+    model = MoETransformer(tiny(vocab_size=16))
+    optimizer = torch.optim.AdamW(model.parameters())
+    return [checkpoint.save(directory, model, optimizer, checkpoint.TrainerState(step=s)) for s in steps]
+
+
+def test_an_incomplete_latest_checkpoint_falls_back_to_the_one_before(tmp_path):
+    older, newest = _saved_steps(tmp_path, [1, 2])
+    (newest / checkpoint.STATE_FILE).unlink()  # a damaged disk, a crash between writes
+    assert checkpoint.latest(tmp_path) == older
+    (tmp_path / "latest").unlink()  # a crash before the pointer moved
+    assert checkpoint.latest(tmp_path) == older
+
+
+def test_checkpoints_of_which_none_is_complete_are_refused_not_replaced(tmp_path):
+    saved = _saved_steps(tmp_path, [1, 2])
+    (saved[0] / checkpoint.OPTIMIZER_FILE).unlink()
+    (saved[1] / checkpoint.STATE_FILE).unlink()
+    with pytest.raises(ValueError, match="no complete checkpoint"):
+        checkpoint.latest(tmp_path)
+    assert all(path.is_dir() for path in saved)

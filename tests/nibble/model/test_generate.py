@@ -97,6 +97,18 @@ def test_greedy_generation_is_deterministic_and_top_p_restricts_the_nucleus():
     assert all(t[0] == top for t in tiny_p.tokens)
 
 
+def test_without_stopping_early_every_step_runs_and_the_responses_are_the_same():
+    model = model_with({"format": "bf16"})
+    forwards = []
+    model.register_forward_hook(lambda *_: forwards.append(1))
+    early = generate(model, PROMPTS, max_new_tokens=12, temperature=0.0, stop_tokens=list(range(32)))
+    ran_early = len(forwards)
+    forwards.clear()
+    full = generate(model, PROMPTS, max_new_tokens=12, temperature=0.0, stop_tokens=list(range(32)), stop_early=False)
+    assert full == early
+    assert ran_early == 1 and len(forwards) == 13  # prefill + a step per token: a fixed count for FSDP
+
+
 @pytest.mark.gpu
 def test_on_cuda_the_packed_sampler_reproduces_trainer_logprobs():
     model = model_with({"format": "nvfp4", "four_over_six": "mse", "bf16_last_fraction": 0.0}).cuda()
