@@ -18,15 +18,14 @@ DEQUANTIZE_FALLBACK_ROWS = 128
 GROUPED_FALLBACK_ROWS = 4096
 
 
+# One column-tile width for every tuned configuration: the launch grid is sized with it before tuning.
+BLOCK_N = 64
+
+
 def _configs() -> list[triton.Config]:
     return [
-        triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
-        for bn, bk, w, s in (
-            (64, 128, 4, 4),
-            (64, 256, 4, 3),
-            (64, 256, 8, 3),
-            (64, 512, 8, 2),
-        )
+        triton.Config({"BLOCK_N": BLOCK_N, "BLOCK_K": bk}, num_warps=w, num_stages=s)
+        for bk, w, s in ((128, 4, 4), (256, 4, 3), (256, 8, 3), (512, 8, 2))
     ]
 
 
@@ -67,7 +66,7 @@ def _launch(
 ):
     """Run the kernel into ``out`` ``[rows, n]``, through a float32 split-K workspace when K is split."""
     cuda = xe.is_cuda
-    block_n = 64 if cuda else _INTERPRETER_CONFIG["BLOCK_N"]
+    block_n = BLOCK_N if cuda else _INTERPRETER_CONFIG["BLOCK_N"]
     split = _split_k(m_tiles * triton.cdiv(n, block_n), k, xe.device)
     target = out if split == 1 else torch.empty((split, rows, n), dtype=torch.float32, device=out.device)
     args = (xe, xo, xg, x_rows, w_codes, w_scales, wg, target, *tiles, rows, n, k)

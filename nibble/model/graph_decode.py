@@ -31,7 +31,9 @@ class GraphDecoder:
 
     On CUDA the step is captured at construction in a ``torch.cuda.CUDAGraph`` (after eager warm-up steps,
     which also run Triton's autotuning) and each :meth:`step` replays it; with ``graph=False``, and always
-    on the CPU, the same step runs eagerly.
+    on the CPU, the same step runs eagerly. The graph keeps the addresses of the model's tensors at
+    construction: weights updated in place (``copy_``, as ``load_sampler_state`` does) are seen by later
+    replays; tensors replaced (``pack()``, a new ``.data`` or ``packed``) are not — build a new decoder.
 
     Args:
         model: the policy, in training or packed (sampler) form.
@@ -88,13 +90,16 @@ class GraphDecoder:
         which would read them back to the host) -> float32 logits ``[B, V]``, a buffer the next step overwrites.
 
         Raises:
-            ValueError: ``token`` or ``running`` not of shape ``[B]``, or all ``max_len`` positions filled.
+            ValueError: ``token`` or ``running`` not of shape ``[B]``, no :meth:`prefill` yet, or all
+                ``max_len`` positions filled.
         """
         if tuple(token.shape) != (self.batch,) or tuple(running.shape) != (self.batch,):
             raise ValueError(
                 f"step takes token and running of shape [{self.batch}], got {tuple(token.shape)} and "
                 f"{tuple(running.shape)}"
             )
+        if self.length == 0:
+            raise ValueError("step before prefill: the cache holds no prompt (call prefill first)")
         if self.length >= self.max_len:
             raise ValueError(
                 f"the cache's {self.max_len} positions are filled; build the decoder with a larger max_len"

@@ -91,6 +91,8 @@ def test_bad_decoder_input_is_named():
     with pytest.raises(ValueError, match="needs a model on CUDA"):
         GraphDecoder(model, 4, 16, graph=True)
     decoder = GraphDecoder(model, 4, 10)
+    with pytest.raises(ValueError, match="step before prefill"):
+        decoder.step(torch.ones(4, dtype=torch.long), torch.ones(4, dtype=torch.bool))
     with pytest.raises(ValueError, match="3 prompts for a decoder of batch 4"):
         decoder.generate(PROMPTS[:3], max_new_tokens=2)
     with pytest.raises(ValueError, match="exceeds the decoder's max_len=10"):
