@@ -172,7 +172,9 @@ def load_checkpoint(model: MoETransformer, optimizer: torch.optim.Optimizer, pat
 
 
 def close() -> None:
-    """Leave the process group (after the last collective)."""
+    """Leave the process group once every rank is done with it (a rank tearing gloo down while a peer is
+    still in a collective can abort the peer)."""
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -68,7 +68,7 @@ def _worker(rank: int, port: int, state: dict, batches: list, out: str, device: 
     if shard.rank == 0:
         result = {"losses": losses, "counts": counts, "state": full, "reloaded": reloaded}
         torch.save(result, os.path.join(out, "result.pt"))
-    torch.distributed.destroy_process_group()
+    sharded.close()
 
 
 def _free_port() -> int:
