@@ -119,7 +119,7 @@ def _dense_row(m: int, n: int, k: int, ws: list[torch.Tensor], qws: list[NVFP4Te
         "dequantize_then_cublas": decoded,
         "speedup_gemm": bf16["graph_s"] / kernel["graph_s"],
         "speedup_quantize_and_gemm": bf16["graph_s"] / fused["graph_s"],
-        "path": "dequantise + cuBLAS" if m >= gemm_fallback_rows() else "packed Triton GEMM",
+        "path": "dequantise + cuBLAS" if m >= gpu_gemm.DEQUANTIZE_FALLBACK_ROWS else "packed Triton GEMM",
     }
     print(
         f"dense {n}x{k} M={m:5d}: bf16 {bf16['graph_s'] * 1e6:8.1f} us  nvfp4 {kernel['graph_s'] * 1e6:8.1f} us "
@@ -129,10 +129,6 @@ def _dense_row(m: int, n: int, k: int, ws: list[torch.Tensor], qws: list[NVFP4Te
         flush=True,
     )
     return row
-
-
-def gemm_fallback_rows() -> int:
-    return gpu_gemm.DEQUANTIZE_FALLBACK_ROWS
 
 
 def bench_moe(tokens: int, copy_bw: float) -> dict:

@@ -116,6 +116,21 @@ def is_sharded(path: Path) -> bool:
     return (Path(path) / SHARDED_DIR).is_dir()
 
 
+def check_layout(path: Path, *, sharded: bool) -> None:
+    """Refuse to resume checkpoint ``path`` with the other kind of trainer (sharded vs single-process).
+
+    Raises:
+        ValueError: naming the checkpoint and the setting to change.
+    """
+    if sharded and not is_sharded(path):
+        raise ValueError(
+            f"{path}: written by a single-process trainer; resume it with trainer.nproc_per_node=1 "
+            "(or start the sharded trainer from a fresh checkpoint_dir)"
+        )
+    if not sharded and is_sharded(path):
+        raise ValueError(f"{path}: written by a sharded trainer; resume it with trainer.nproc_per_node > 1")
+
+
 def load_sharded(path: Path, model: MoETransformer, optimizer: torch.optim.Optimizer) -> None:
     """Restore a sharded checkpoint's model and optimiser into an already sharded ``model`` (any number of
     ranks: ``torch.distributed.checkpoint`` reshards).
@@ -124,11 +139,7 @@ def load_sharded(path: Path, model: MoETransformer, optimizer: torch.optim.Optim
         ValueError: ``path`` was written by a single-process trainer (its weights are safetensors), or its
             files are missing or damaged.
     """
-    if not is_sharded(path):
-        raise ValueError(
-            f"{path}: written by a single-process trainer; resume it with trainer.nproc_per_node=1 "
-            "(or start the sharded trainer from a fresh checkpoint_dir)"
-        )
+    check_layout(path, sharded=True)
     try:
         sharded.load_checkpoint(model, optimizer, Path(path) / SHARDED_DIR)
     except (OSError, RuntimeError, AssertionError, ValueError, CheckpointException) as exc:  # DCP's failures
@@ -191,8 +202,7 @@ def load_optimizer(path: Path, model: MoETransformer, optimizer: torch.optim.Opt
     Raises:
         ValueError: ``path`` was written by a sharded trainer (see :func:`load_sharded`).
     """
-    if is_sharded(path):
-        raise ValueError(f"{path}: written by a sharded trainer; resume it with trainer.nproc_per_node > 1")
+    check_layout(path, sharded=False)
     tensors = load_file(str(Path(path) / OPTIMIZER_FILE))
     names = {id(p): n for n, p in model.named_parameters()}
     for group in optimizer.param_groups:

@@ -52,21 +52,17 @@ def build(config, out: Path, stop: threading.Event):
         raise ValueError("trainer.device=cuda but no CUDA GPU is visible to this process")
     shard = sharded.init_process_group(t.device, t.collective_timeout_s) if sharded.launched_by_torchrun() else None
     resume = checkpoint.latest(t.checkpoint_dir)
-    if shard is None:
-        if resume is not None and checkpoint.is_sharded(resume):
-            raise ValueError(f"{resume}: written by a sharded trainer; resume it with trainer.nproc_per_node > 1")
-        source = resume or config.model.checkpoint
-        plan = PrecisionPlan.from_config(config.plan, load_config(source).num_hidden_layers)
-        model = from_pretrained(source, plan=plan).to(t.device).train()
-        optimizer = torch.optim.AdamW(param_groups(model, plan, t.weight_decay), lr=t.learning_rate)
-        if resume is not None:
-            checkpoint.load_optimizer(resume, model, optimizer)
-    else:  # every rank loads the warm start, keeps its shard, then the checkpoint's shards replace it
-        plan = PrecisionPlan.from_config(config.plan, load_config(config.model.checkpoint).num_hidden_layers)
-        model = sharded.shard_model(from_pretrained(config.model.checkpoint, plan=plan).train())
-        optimizer = torch.optim.AdamW(param_groups(model, plan, t.weight_decay), lr=t.learning_rate)
-        if resume is not None:
-            checkpoint.load_sharded(resume, model, optimizer)
+    if resume is not None:
+        checkpoint.check_layout(resume, sharded=shard is not None)
+    # sharded: every rank loads the warm start, keeps its shard, then the checkpoint's shards replace it
+    source = resume if resume is not None and shard is None else config.model.checkpoint
+    plan = PrecisionPlan.from_config(config.plan, load_config(source).num_hidden_layers)
+    model = from_pretrained(source, plan=plan).train()
+    model = model.to(t.device) if shard is None else sharded.shard_model(model)
+    optimizer = torch.optim.AdamW(param_groups(model, plan, t.weight_decay), lr=t.learning_rate)
+    if resume is not None:
+        load = checkpoint.load_optimizer if shard is None else checkpoint.load_sharded
+        load(resume, model, optimizer)
     state = checkpoint.load_state(resume) if resume is not None else checkpoint.TrainerState()
     task = get_task(config.task.name, **config.task.options)
     metrics = Metrics("trainer")
