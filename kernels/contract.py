@@ -45,7 +45,8 @@ def with_te(
     """
     q, choice = nvfp4.quantize_with_choices(x, scale=scale, four_over_six=four_over_six, backend=backend)
     ref = te.quantize(x.cpu(), scale=scale, four_over_six=four_over_six)
-    return _agreement(_parts(q, choice), (ref.codes, ref.block_scales, ref.global_scale.view(torch.int32), ref.map_to_4))
+    theirs = (ref.codes, ref.block_scales, ref.global_scale.view(torch.int32), ref.map_to_4)
+    return _agreement(_parts(q, choice), theirs)
 
 
 def between_backends(x: torch.Tensor, device: str, backend: str, *, scale: str, four_over_six: str | None) -> Agreement:

@@ -107,7 +107,9 @@ class TEReference:
         scale_bytes = result.scale.contiguous().view(torch.uint8)
         if four_over_six:
             if len(seen.e4m3_casts) != 2:
-                raise RuntimeError(f"TE {self.version}: expected 2 E4M3 casts in its 4/6 path, saw {len(seen.e4m3_casts)}")
+                raise RuntimeError(
+                    f"TE {self.version}: 2 E4M3 casts expected in its 4/6 path, saw {len(seen.e4m3_casts)}"
+                )
             map4, map6 = (c.reshape(scale_bytes.shape).view(torch.uint8) for c in seen.e4m3_casts)
             map_to_4 = (scale_bytes == map4) & (map4 != map6)
         else:
@@ -217,4 +219,3 @@ def _quantized_tensor_stub() -> types.ModuleType:
     module.Quantizer = Quantizer
     module.QuantizedTensorStorage = QuantizedTensorStorage
     return module
-

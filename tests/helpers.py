@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import itertools
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -190,8 +191,8 @@ def e4m3_scale_ties(rows: int, k: int, *, four_over_six: bool, seed: int = 0) ->
 
 def _e4m3_neighbours() -> list[tuple[float, float]]:
     """Adjacent positive E4M3 values (subnormals included) up to 448."""
-    values = sorted({float(torch.tensor([b], dtype=torch.uint8).view(torch.float8_e4m3fn).float()) for b in range(0x7F)})
-    return list(zip(values[1:-1], values[2:]))
+    values = torch.arange(1, 0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn).float().tolist()
+    return list(itertools.pairwise(values))
 
 
 def _solve_block_max(target, s, four_over_six: bool, tripled: bool):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import triton
 
-from ..tensors import NVFP4_BLOCK, NVFP4Tensor
 from ..reference.nvfp4 import E_FOUR_OVER_SIX, E_STANDARD, global_encode_scale
+from ..tensors import NVFP4_BLOCK, NVFP4Tensor
 from .nvfp4_quantize import nvfp4_dequantize_kernel, nvfp4_quantize_kernel
 
 # Rows of up to this many 16-element blocks are quantised by one program that also reduces their amax.

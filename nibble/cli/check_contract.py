@@ -28,7 +28,7 @@ def check_contract(
     te_wheel: Annotated[
         Path | None, typer.Option(help="TE wheel to read the reference from (default: the installed TE)")
     ] = None,
-    cuda: Annotated[bool, typer.Option("--cuda", help="also compare Nibble's CUDA reference and Triton kernels")] = False,
+    cuda: Annotated[bool, typer.Option("--cuda", help="also compare Nibble's CUDA backends")] = False,
     mode: Annotated[list[str] | None, typer.Option(help=f"modes to check (default all): {', '.join(MODES)}")] = None,
     max_rows: Annotated[int | None, typer.Option(min=1, help="check only the first rows of each tensor")] = None,
 ) -> None:
