@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from nibble import devices
 
 ENV_PREFIX = "NIBBLE_"
+
+
+Device = Annotated[str, AfterValidator(lambda v: devices.check("device", v))]
+"""``cpu``, ``cuda`` or ``cuda:N`` (physical GPU N; see :mod:`nibble.devices`)."""
+MemoryFraction = Annotated[float | None, Field(None, gt=0, le=1)]
 
 
 class Section(BaseModel):
@@ -132,6 +139,10 @@ class SamplerConfig(Section):
     threads: int = Field(1, ge=1, description="torch threads per sampler process")
     metrics_port: int = Field(0, ge=0, le=65535)
     metrics_host: str = Field("127.0.0.1", description="address /metrics binds; 0.0.0.0 in a pod Prometheus scrapes")
+    device: Device = Field("cpu", description="cuda / cuda:N: decode with packed NVFP4 kernels and CUDA graphs")
+    gpu_memory_fraction: MemoryFraction = Field(
+        None, description="share of the GPU's memory each sampler may allocate (when it shares the GPU)"
+    )
 
 
 class TrainerConfig(Section):
@@ -159,7 +170,10 @@ class TrainerConfig(Section):
     threads: int = Field(1, ge=1)
     metrics_port: int = Field(0, ge=0, le=65535)
     metrics_host: str = Field("127.0.0.1", description="address /metrics binds; 0.0.0.0 in a pod Prometheus scrapes")
-    device: Literal["cpu", "cuda"] = Field("cpu", description="cuda: each trainer process on its own GPU")
+    device: Device = Field("cpu", description="cuda / cuda:N; under torchrun (nproc_per_node > 1) cuda only")
+    gpu_memory_fraction: MemoryFraction = Field(
+        None, description="share of the GPU's memory the trainer may allocate (when it shares the GPU)"
+    )
     nproc_per_node: int = Field(
         1, ge=1, description="trainer processes (torchrun --nproc-per-node); above 1, FSDP2 shards the model"
     )
@@ -195,12 +209,42 @@ class RunConfig(Section):
                 f"sampler.groups_per_batch={self.sampler.groups_per_batch} exceeds what admission control allows "
                 f"per version ((max_staleness + 1) x groups_per_step x publish_every = {allowed})"
             )
+        self._check_placement()
         if t.groups_per_step % t.updates_per_batch:
             raise ValueError(
                 f"trainer.groups_per_step={t.groups_per_step} is not divisible by "
                 f"trainer.updates_per_batch={t.updates_per_batch} (each update takes whole groups)"
             )
         return self
+
+    def _check_placement(self) -> None:
+        """Devices that agree: ``compute_dtype: auto`` resolves per device kind, so trainer and samplers must
+        be on the same kind; GPUs shared by several services must not be promised more than their memory."""
+        t, s = self.trainer, self.sampler
+        if self.plan.compute_dtype == "auto" and (t.device == "cpu") != (s.device == "cpu"):
+            raise ValueError(
+                f"trainer.device={t.device} and sampler.device={s.device} resolve plan.compute_dtype=auto "
+                "differently (bfloat16 on CUDA, float32 on CPU); set plan.compute_dtype explicitly"
+            )
+        if t.nproc_per_node > 1 and t.device not in ("cpu", "cuda"):
+            raise ValueError(
+                f"trainer.device={t.device} with trainer.nproc_per_node={t.nproc_per_node}: torchrun gives each "
+                "rank its GPU; use trainer.device=cuda"
+            )
+        shares: dict[int, float] = {}
+        for device, fraction, count in (
+            (t.device, t.gpu_memory_fraction, t.nproc_per_node),
+            (s.device, s.gpu_memory_fraction, self.num_samplers),
+        ):
+            index = devices.gpu_index(device)
+            if index is not None and fraction is not None:
+                shares[index] = shares.get(index, 0.0) + fraction * count
+        for index, total in shares.items():
+            if total > 1.0 + 1e-9:
+                raise ValueError(
+                    f"GPU {index} is promised {total:.2f} of its memory (trainer.gpu_memory_fraction + "
+                    "num_samplers x sampler.gpu_memory_fraction on it); the shares must add up to at most 1"
+                )
 
 
 def load(path: Path | None, environ: dict[str, str] | None = None) -> RunConfig:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import yaml
 
+from nibble import devices
 from nibble.config import RunConfig
 
 STOP_GRACE_SECONDS = 20.0
@@ -48,26 +49,35 @@ class Cluster:
     children: list[Child] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
 
-    def start(self, name: str, argv: list[str]) -> Child:
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
         logs = self.out / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         log = logs / f"{name}.log"
         handle = log.open("ab")
         process = subprocess.Popen(
-            argv, stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **self.env}, start_new_session=True
+            argv,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **self.env, **(env or {})},
+            start_new_session=True,
         )
         handle.close()
         child = Child(name, process, log)
         self.children.append(child)
         return child
 
-    def start_service(self, name: str, module: str, config: Path, *extra: str, nproc_per_node: int = 1) -> Child:
+    def start_service(
+        self, name: str, module: str, config: Path, *extra: str, nproc_per_node: int = 1, device: str = "cpu"
+    ) -> Child:
         """Start ``python -m module --config config *extra``; with ``nproc_per_node`` > 1 as that many
-        processes under ``torchrun`` (standalone: its rendezvous on a free local port)."""
+        processes under ``torchrun`` (standalone: its rendezvous on a free local port). A ``cuda:N``
+        ``device`` makes GPU N the child's only visible one."""
         python = [sys.executable]
         if nproc_per_node > 1:
             python += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc_per_node)]
-        return self.start(name, [*python, "-m", module, "--config", str(config), *extra])
+        return self.start(
+            name, [*python, "-m", module, "--config", str(config), *extra], devices.child_environment(device)
+        )
 
     def failed(self) -> Child | None:
         """A child that exited with an error (or at all, for services that should keep running)."""
@@ -174,11 +184,13 @@ def launch(
         effective = effective_config(config, out, url)
         path = write_config(effective, out / "config.yaml")
         cluster.start_service("weightsync", "nibble.weightsync", path)
+        t, s = effective.trainer, effective.sampler
         trainer = cluster.start_service(
-            "trainer", "nibble.trainer", path, "--out", str(out), nproc_per_node=effective.trainer.nproc_per_node
+            "trainer", "nibble.trainer", path, "--out", str(out), nproc_per_node=t.nproc_per_node, device=t.device
         )
         for i in range(effective.num_samplers):
-            cluster.start_service(f"sampler-{i}", "nibble.sampler", path, "--name", f"sampler-{i}", "--out", str(out))
+            name = f"sampler-{i}"
+            cluster.start_service(name, "nibble.sampler", path, "--name", name, "--out", str(out), device=s.device)
         while trainer.process.poll() is None:
             failed = cluster.failed()
             if failed is not None:
@@ -197,22 +209,26 @@ def launch(
 
 
 def check_devices(config: RunConfig) -> None:
-    """Refuse, before anything starts, a trainer on GPUs this machine does not have.
+    """Refuse, before anything starts, a trainer or samplers on GPUs this machine does not have.
 
     Raises:
         ValueError: naming the settings and the GPUs visible.
     """
-    t = config.trainer
-    if t.device != "cuda":
+    t, s = config.trainer, config.sampler
+    if t.device == "cpu" and s.device == "cpu":
         return
     import torch
 
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if visible < t.nproc_per_node:
+    if t.device != "cpu" and visible < t.nproc_per_node:
         raise ValueError(
-            f"trainer.device=cuda with trainer.nproc_per_node={t.nproc_per_node} needs that many GPUs; "
+            f"trainer.device={t.device} with trainer.nproc_per_node={t.nproc_per_node} needs that many GPUs; "
             f"{visible} visible"
         )
+    for key, device in (("trainer.device", t.device), ("sampler.device", s.device)):
+        index = devices.gpu_index(device)
+        if index is not None and index >= visible:
+            raise ValueError(f"{key}={device} but this machine has {visible} GPU(s) visible")
 
 
 def _raise_exit(signum, _frame) -> None:

@@ -16,6 +16,7 @@ import torch
 
 from nibble.model import MoETransformer
 from nibble.model.generate import generate
+from nibble.model.graph_decode import GraphDecoder
 from nibble.recipe.export import load_sampler_state
 
 
@@ -70,12 +71,28 @@ class Engine(ABC):
 
 
 class BuiltinEngine(Engine):
-    """Nibble's own engine: the packed (sampler-form) :class:`MoETransformer` and batched sampling."""
+    """Nibble's own engine: the packed (sampler-form) :class:`MoETransformer` and batched sampling.
 
-    def __init__(self, model: MoETransformer, *, pad_id: int, policy_version: int = 0):
+    On CUDA, batches of up to ``batch_rows`` responses decode through a
+    :class:`~nibble.model.graph_decode.GraphDecoder` (one CUDA-graph replay per token over a static KV cache,
+    the packed NVFP4 kernels inside), built on the first batch and rebuilt only when a longer prompt needs a
+    longer cache; a smaller batch is padded with copies of its first prompt, whose samples are dropped.
+    On the CPU, or without ``batch_rows``, every batch runs :func:`~nibble.model.generate.generate`.
+
+    Args:
+        model: the sampler form (``pack()``) of the policy, on its device.
+        pad_id: the tokenizer's padding id.
+        policy_version: the version the weights are.
+        batch_rows: responses per batch (``groups_per_batch × group_size``) for the CUDA-graph decoder.
+    """
+
+    def __init__(self, model: MoETransformer, *, pad_id: int, policy_version: int = 0, batch_rows: int | None = None):
         self.model = model.eval()
         self.pad_id = pad_id
         self.policy_version = policy_version
+        self.device = next(model.parameters()).device
+        self.batch_rows = batch_rows if self.device.type == "cuda" else None
+        self._decoder: GraphDecoder | None = None
         self._lock = threading.Lock()
         self._paused = False
 
@@ -84,19 +101,31 @@ class BuiltinEngine(Engine):
             if self._paused:
                 raise RuntimeError("engine is paused (weights are being updated)")
             repeated = [list(p) for p in prompts for _ in range(n)]
-            device = next(self.model.parameters()).device
-            out = generate(
-                self.model,
-                repeated,
+            options = dict(
                 max_new_tokens=max_new_tokens,
                 temperature=temperature,
                 top_p=top_p,
                 stop_tokens=stop_tokens,
                 pad_id=self.pad_id,
-                generator=torch.Generator(device).manual_seed(seed),
+                generator=torch.Generator(self.device).manual_seed(seed),
             )
-        samples = [Sample(t, lp, r) for t, lp, r in zip(out.tokens, out.logprobs, out.finish_reasons, strict=True)]
+            if self.batch_rows is not None and len(repeated) <= self.batch_rows:
+                filled = repeated + [repeated[0]] * (self.batch_rows - len(repeated))
+                out = self._graph_decoder(filled, max_new_tokens).generate(filled, **options)
+            else:
+                out = generate(self.model, repeated, **options)
+        rows = zip(out.tokens, out.logprobs, out.finish_reasons, strict=True)
+        samples = [Sample(t, lp, r) for t, lp, r in list(rows)[: len(repeated)]]
         return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    def _graph_decoder(self, prompts: list[list[int]], max_new_tokens: int) -> GraphDecoder:
+        """The captured decoder, rebuilt (cache rounded up to 64 positions) when this batch needs more."""
+        needed = max(len(p) for p in prompts) + max_new_tokens
+        if self._decoder is None or self._decoder.max_len < needed:
+            self._decoder = None  # free the old graph's buffers before capturing the new one
+            limit = self.model.config.max_position_embeddings
+            self._decoder = GraphDecoder(self.model, self.batch_rows, min(limit, -(-needed // 64) * 64))
+        return self._decoder
 
     def pause(self) -> None:
         with self._lock:  # waits for the batch in flight

@@ -26,6 +26,7 @@ def parse(argv: list[str] | None):
 def build(config, name: str, out: Path | None):
     import torch
 
+    from nibble import devices
     from nibble.metrics import Metrics
     from nibble.model import from_pretrained, load_config
     from nibble.recipe import PrecisionPlan
@@ -34,12 +35,14 @@ def build(config, name: str, out: Path | None):
     from nibble.tasks import get_task
     from nibble.transport import AdmissionCounter, TrajectoryWriter, connect, subscriber_from_config
 
-    torch.set_num_threads(config.sampler.threads)
+    s = config.sampler
+    torch.set_num_threads(s.threads)
+    device = devices.resolve("sampler.device", s.device, s.gpu_memory_fraction)
     checkpoint = config.model.checkpoint
-    plan = PrecisionPlan.from_config(config.plan, load_config(checkpoint).num_hidden_layers)
-    model = from_pretrained(checkpoint, plan=plan).pack()
+    plan = PrecisionPlan.from_config(config.plan, load_config(checkpoint).num_hidden_layers, device)
+    model = from_pretrained(checkpoint, plan=plan).to(device).pack()
     task = get_task(config.task.name, **config.task.options)
-    engine = BuiltinEngine(model, pad_id=task.tokenizer.pad_id)
+    engine = BuiltinEngine(model, pad_id=task.tokenizer.pad_id, batch_rows=s.groups_per_batch * s.group_size)
     metrics = Metrics("sampler")
     port = metrics.serve(config.sampler.metrics_port, config.sampler.metrics_host).server_port
     logging.getLogger("nibble").info("metrics on http://127.0.0.1:%d/metrics", port)
@@ -68,7 +71,11 @@ def stats_file(out: Path | None, name: str) -> Path | None:
 def main(argv: list[str] | None = None) -> int:
     args, config = parse(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.name} %(levelname)s %(message)s")
-    sampler = build(config, args.name, args.out)
+    try:
+        sampler = build(config, args.name, args.out)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     signal.signal(signal.SIGTERM, lambda *_: sampler.stop.set())
     signal.signal(signal.SIGINT, lambda *_: sampler.stop.set())
     sampler.run()

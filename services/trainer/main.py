@@ -38,6 +38,7 @@ def build(config, out: Path, stop: threading.Event):
     """
     import torch
 
+    from nibble import devices
     from nibble.metrics import Metrics
     from nibble.model import from_pretrained, load_config
     from nibble.recipe import PrecisionPlan, param_groups
@@ -48,17 +49,22 @@ def build(config, out: Path, stop: threading.Event):
     t = config.trainer
     torch.set_num_threads(t.threads)
     torch.manual_seed(config.seed)
-    if t.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("trainer.device=cuda but no CUDA GPU is visible to this process")
-    shard = sharded.init_process_group(t.device, t.collective_timeout_s) if sharded.launched_by_torchrun() else None
+    if sharded.launched_by_torchrun():
+        if t.device != "cpu" and not torch.cuda.is_available():
+            raise ValueError(f"trainer.device={t.device} but no CUDA GPU is visible to this process")
+        shard = sharded.init_process_group(t.device, t.collective_timeout_s)
+        device = None
+    else:
+        shard, device = None, devices.resolve("trainer.device", t.device, t.gpu_memory_fraction)
     resume = checkpoint.latest(t.checkpoint_dir)
     if resume is not None:
         checkpoint.check_layout(resume, sharded=shard is not None)
     # sharded: every rank loads the warm start, keeps its shard, then the checkpoint's shards replace it
     source = resume if resume is not None and shard is None else config.model.checkpoint
-    plan = PrecisionPlan.from_config(config.plan, load_config(source).num_hidden_layers)
+    layers = load_config(source).num_hidden_layers
+    plan = PrecisionPlan.from_config(config.plan, layers, "cpu" if t.device == "cpu" else "cuda")
     model = from_pretrained(source, plan=plan).train()
-    model = model.to(t.device) if shard is None else sharded.shard_model(model)
+    model = model.to(device) if shard is None else sharded.shard_model(model)
     optimizer = torch.optim.AdamW(param_groups(model, plan, t.weight_decay), lr=t.learning_rate)
     if resume is not None:
         load = checkpoint.load_optimizer if shard is None else checkpoint.load_sharded
