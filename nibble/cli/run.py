@@ -30,6 +30,8 @@ def run(
     from nibble.config import load
 
     loaded = load(config)
+    if prometheus:
+        _require_prometheus()  # before a warm start is trained or anything started
     from rich.console import Console
 
     from nibble.launcher import launch
@@ -81,6 +83,16 @@ def run(
     console.print(f"summary, metrics.jsonl and plots in {out}")
     if prometheus:
         console.print(f"dashboard panels as PNG: nibble report run {out}")
+
+
+def _require_prometheus() -> None:
+    from nibble.monitoring.prometheus import binary
+
+    try:
+        binary()
+    except RuntimeError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
 
 
 def _ensure_warm_start(config, console) -> None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
@@ -33,7 +34,8 @@ RECORDED: dict[str, Callable[[dict], float | None]] = {
     "Mean staleness": lambda line: line.get("staleness_mean"),
 }  # fmt: skip
 """The main panels ``metrics.jsonl`` can stand in for: the trainer's per-step value of the same quantity."""
-PADDING_SECONDS = 30.0
+LEAD_SECONDS = 30.0  # before the first record: the services' start-up
+TAIL_SECONDS = 5.0  # after the last: short, or series whose Prometheus stopped look flat for 5 minutes
 
 
 def main_panels() -> list[Panel]:
@@ -42,7 +44,7 @@ def main_panels() -> list[Panel]:
 
 
 def run_window(run: Path) -> tuple[float, float]:
-    """The run's span (Unix seconds, padded) from the times in ``metrics.jsonl``.
+    """The run's span (Unix seconds, from start-up to just after the last step) from ``metrics.jsonl``.
 
     Raises:
         ValueError: ``run`` has no trainer records.
@@ -50,14 +52,17 @@ def run_window(run: Path) -> tuple[float, float]:
     times = [line["time"] for line in read_lines(run) if "time" in line]
     if not times:
         raise ValueError(f"{run}: no metrics.jsonl records (is it a `nibble run --out` directory?)")
-    return min(times) - PADDING_SECONDS, max(times) + PADDING_SECONDS
+    return min(times) - LEAD_SECONDS, max(times) + TAIL_SECONDS
 
 
-def from_tsdb(run: Path, panels: list[Panel], port: int, timeout: float = 60.0) -> dict[str, Series]:
-    """Each panel's series over the run's span, from a Prometheus on a copy of the run's TSDB.
+@contextmanager
+def tsdb_reader(run: Path, port: int, timeout: float = 60.0) -> Iterator[Callable[[str], list]]:
+    """A PromQL reader of the run's TSDB: a Prometheus on a copy of ``run/prometheus/data`` (nothing the
+    run stored changes), stopped on exit. The reader takes an expression (Grafana variables allowed) and
+    returns :func:`prometheus.query_range` over the run's span.
 
     Raises:
-        RuntimeError: Prometheus is missing, did not start, or refused a query.
+        ValueError: ``run`` has no records; RuntimeError: Prometheus is missing, did not start, or refused.
     """
     start, end = run_window(run)
     step = max(2.0, (end - start) / 400)
@@ -66,24 +71,30 @@ def from_tsdb(run: Path, panels: list[Panel], port: int, timeout: float = 60.0) 
         shutil.copytree(run / "prometheus" / "data", data, ignore=shutil.ignore_patterns("lock"))
         config = Path(scratch) / "prometheus.yml"
         config.write_text("global: {}\n")
-        log = (Path(scratch) / "prometheus.log").open("wb")
         # old runs must not fall out of retention when this Prometheus opens them
-        process = subprocess.Popen(prometheus.argv(config, data, port, retention="100y"), stdout=log, stderr=log)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            prometheus.wait_ready(url, timeout, alive=lambda: process.poll() is None)
-            return {
-                panel.title: [
-                    (_legend(query.legend, labels), points)
-                    for query in panel.queries
-                    for labels, points in prometheus.query_range(url, promql(query.expr), start, end, step)
-                ]
-                for panel in panels
-            }
-        finally:
-            process.terminate()
-            process.wait(timeout=30)
-            log.close()
+        command = prometheus.argv(config, data, port, retention="100y")
+        with (Path(scratch) / "prometheus.log").open("wb") as log:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+            url = f"http://127.0.0.1:{port}"
+            try:
+                prometheus.wait_ready(url, timeout, alive=lambda: process.poll() is None)
+                yield lambda expr: prometheus.query_range(url, promql(expr), start, end, step)
+            finally:
+                process.terminate()
+                process.wait(timeout=30)
+
+
+def from_tsdb(run: Path, panels: list[Panel], port: int) -> dict[str, Series]:
+    """Each panel's series over the run's span, from the run's TSDB (:func:`tsdb_reader`)."""
+    with tsdb_reader(run, port) as read:
+        return {
+            panel.title: [
+                (_legend(query.legend, labels), points)
+                for query in panel.queries
+                for labels, points in read(query.expr)
+            ]
+            for panel in panels
+        }
 
 
 def from_records(run: Path, panels: list[Panel]) -> dict[str, Series]:
