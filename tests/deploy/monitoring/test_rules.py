@@ -2,6 +2,7 @@
 written here drives every alert from synthetic series — each fires just above its threshold and stays
 quiet just below it (or, for durations, before its ``for`` has passed)."""
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -136,3 +137,8 @@ def test_promtool_unit_tests_of_every_alert(tmp_path):
     command = [PROMTOOL, "test", "rules", "alerts_test.yaml"]
     result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_default_headroom_margin_is_the_one_the_benchmark_recorded():
+    record = json.loads((ROOT / "benchmarks" / "results" / "headroom_margin.json").read_text())
+    assert record["margin"] == T.headroom_margin, "rerun benchmarks/headroom_margin.py, update HEADROOM_MARGIN"
