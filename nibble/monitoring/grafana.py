@@ -94,7 +94,7 @@ def _panel(spec: Panel, panel_id: int):
             target = target.format("heatmap")
         builder = builder.with_target(target)
     if spec.kind == "heatmap":
-        return builder.calculate(False).y_axis(heatmap.YAxisConfig().unit(spec.unit))
+        return builder.calculate(False).show_tooltip().y_axis(heatmap.YAxisConfig().unit(spec.unit))
     legend = common_builders.VizLegendOptions().show_legend(True).display_mode("list").placement("bottom")
     builder = builder.legend(legend)
     if spec.lines:
