@@ -73,11 +73,17 @@ def tsdb_reader(run: Path, port: int, timeout: float = 60.0) -> Iterator[Callabl
         config.write_text("global: {}\n")
         # old runs must not fall out of retention when this Prometheus opens them
         command = prometheus.argv(config, data, port, retention="100y")
-        with (Path(scratch) / "prometheus.log").open("wb") as log:
+        log_path = Path(scratch) / "prometheus.log"
+        with log_path.open("wb") as log:
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
             url = f"http://127.0.0.1:{port}"
             try:
-                prometheus.wait_ready(url, timeout, alive=lambda: process.poll() is None)
+                try:
+                    prometheus.wait_ready(url, timeout, alive=lambda: process.poll() is None)
+                except RuntimeError as exc:  # the log goes with the scratch directory: quote it
+                    raise RuntimeError(
+                        f"{exc} (reading {run}/prometheus/data): {log_path.read_text()[-1500:]}"
+                    ) from None
                 yield lambda expr: prometheus.query_range(url, promql(expr), start, end, step)
             finally:
                 process.terminate()
