@@ -144,14 +144,13 @@ def start_redis(cluster: Cluster, directory: Path) -> str:
 
 def effective_config(config: RunConfig, out: Path, redis_url: str, *, metrics_ports: bool = False) -> RunConfig:
     """The config every child reads: the run's, with this run's ports, URL and directories (with
-    ``metrics_ports``, weight-sync's and the trainer's ``/metrics`` on known free ports too)."""
+    ``metrics_ports``, weight-sync's and the trainer's ``/metrics`` on known ports too: free ones unless set)."""
     data = config.model_dump(mode="json")
     data["redis"]["url"] = redis_url
     data["weightsync"].update(port=free_port(), publish_port=free_port(), store_dir=str(out / "weights"))
     data["trainer"]["checkpoint_dir"] = str(out / "trainer")
-    if metrics_ports:
-        data["weightsync"]["metrics_port"] = free_port()
-        data["trainer"]["metrics_port"] = free_port()
+    for section in ("weightsync", "trainer") if metrics_ports else ():
+        data[section]["metrics_port"] = data[section]["metrics_port"] or free_port()  # a configured port stays
     return RunConfig.model_validate(data)
 
 
