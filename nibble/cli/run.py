@@ -30,11 +30,13 @@ def run(
     from nibble.config import load
 
     loaded = load(config)
+    from nibble.launcher import check_devices, launch
+
+    check_devices(loaded)  # refusals come before a warm start is trained or anything started
     if prometheus:
-        _require_prometheus()  # before a warm start is trained or anything started
+        _require_prometheus()
     from rich.console import Console
 
-    from nibble.launcher import launch
     from nibble.run_report import plot, summarize
 
     console = Console()
