@@ -116,7 +116,7 @@ def alerts(t: Thresholds) -> tuple[Alert, ...]:
 
 
 def rules_document(thresholds: Thresholds | None = None) -> dict:
-    """The rules file (Prometheus' rule-file format) as a mapping: one recording group, one alert group."""
+    """The rules file (Prometheus' rule-file format) as a mapping: the recording rules, then the alerts."""
     t = thresholds or Thresholds()
     recording = [{"record": name, "expr": expr} for name, expr in RECORDING_RULES.items()]
     alerting = [
@@ -129,7 +129,9 @@ def rules_document(thresholds: Thresholds | None = None) -> dict:
         }
         for a in alerts(t)
     ]
-    return {"groups": [{"name": "nibble.recording", "rules": recording}, {"name": "nibble.alerts", "rules": alerting}]}
+    # one group: Prometheus evaluates a group's rules in order, so every alert sees this evaluation's
+    # recorded series (groups run on independent timers; a one-step grad-norm spike could be missed)
+    return {"groups": [{"name": "nibble", "rules": recording + alerting}]}
 
 
 def rules_yaml(thresholds: Thresholds | None = None) -> str:

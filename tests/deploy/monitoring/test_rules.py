@@ -74,8 +74,9 @@ def idle(seconds_per_30s: int, fires: bool) -> dict:
 
 
 def grad_norm(spike: float, fires: bool) -> dict:
-    # 100 steps at norm 1, then one at `spike`: fires when spike > 5 × mean over the 30-minute window
-    inputs = [*trained("0+100x120"), series("nibble_grad_norm", TRAINER, f"1x100 {spike} 1x19")]
+    # steps at norm 1, then one at `spike` held for two 30 s scrapes: fires when spike > 5 × the mean of
+    # the 30-minute window (60 or 61 samples, two of them the spike): above 5.8
+    inputs = [*trained("0+100x120"), series("nibble_grad_norm", TRAINER, f"1x99 {spike} {spike} 1x19")]
     return case("NibbleGradNormSpike", inputs, "50m30s", expected("NibbleGradNormSpike", TRAINER) if fires else [])
 
 
@@ -107,8 +108,8 @@ CASES = {
     "mean staleness 1.9 is quiet": staleness(0, 190, False),
     "trainer idle 53% fires": idle(16, True),
     "trainer idle 47% is quiet": idle(14, False),
-    "grad norm 5.5 over a mean of about 1.07 fires": grad_norm(5.5, True),
-    "grad norm 5.3 (under 5x the mean it raises) is quiet": grad_norm(5.3, False),
+    "grad norm 6.0 over steps at 1 fires": grad_norm(6.0, True),
+    "grad norm 5.7 (under 5x the mean it raises) is quiet": grad_norm(5.7, False),
     "a sampler down for 3 minutes fires": sampler_down("8m", True),
     "a sampler down for 1.5 minutes is quiet": sampler_down("6m30s", False),
     "p90 sync 63 s fires": weight_sync(895, True),  # 60 + 60 · (0.9 − 0.895) / 0.105
