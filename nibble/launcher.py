@@ -23,6 +23,8 @@ import yaml
 
 from nibble import devices
 from nibble.config import RunConfig
+from nibble.monitoring import prometheus as local_prometheus
+from nibble.monitoring.prometheus import Target
 
 STOP_GRACE_SECONDS = 20.0
 
@@ -50,6 +52,8 @@ class Cluster:
     env: dict[str, str] = field(default_factory=dict)
 
     def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
+        """Start ``argv`` in its own session, output to ``logs/<name>.log``; ``env`` adds to this child's
+        environment only."""
         logs = self.out / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         log = logs / f"{name}.log"
@@ -67,7 +71,14 @@ class Cluster:
         return child
 
     def start_service(
-        self, name: str, module: str, config: Path, *extra: str, nproc_per_node: int = 1, device: str = "cpu"
+        self,
+        name: str,
+        module: str,
+        config: Path,
+        *extra: str,
+        nproc_per_node: int = 1,
+        device: str = "cpu",
+        env: dict | None = None,
     ) -> Child:
         """Start ``python -m module --config config *extra``; with ``nproc_per_node`` > 1 as that many
         processes under ``torchrun`` (standalone: its rendezvous on a free local port). A ``cuda:N``
@@ -75,9 +86,8 @@ class Cluster:
         python = [sys.executable]
         if nproc_per_node > 1:
             python += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc_per_node)]
-        return self.start(
-            name, [*python, "-m", module, "--config", str(config), *extra], devices.child_environment(device)
-        )
+        argv = [*python, "-m", module, "--config", str(config), *extra]
+        return self.start(name, argv, {**devices.child_environment(device), **(env or {})})
 
     def failed(self) -> Child | None:
         """A child that exited with an error (or at all, for services that should keep running)."""
@@ -142,12 +152,15 @@ def start_redis(cluster: Cluster, directory: Path) -> str:
     raise RuntimeError(f"redis-server on port {port} did not answer within 10 s (see {cluster.out}/logs/redis.log)")
 
 
-def effective_config(config: RunConfig, out: Path, redis_url: str) -> RunConfig:
-    """The config every child reads: the run's, with this run's ports, URL and directories."""
+def effective_config(config: RunConfig, out: Path, redis_url: str, *, metrics_ports: bool = False) -> RunConfig:
+    """The config every child reads: the run's, with this run's ports, URL and directories (with
+    ``metrics_ports``, weight-sync's and the trainer's ``/metrics`` on known ports too: free ones unless set)."""
     data = config.model_dump(mode="json")
     data["redis"]["url"] = redis_url
     data["weightsync"].update(port=free_port(), publish_port=free_port(), store_dir=str(out / "weights"))
     data["trainer"]["checkpoint_dir"] = str(out / "trainer")
+    for section in ("weightsync", "trainer") if metrics_ports else ():
+        data[section]["metrics_port"] = data[section]["metrics_port"] or free_port()  # a configured port stays
     return RunConfig.model_validate(data)
 
 
@@ -168,29 +181,41 @@ def launch(
     redis_url: str | None = None,
     on_progress: Callable[[Path], None] | None = None,
     poll_seconds: float = 1.0,
+    prometheus: bool = False,
+    announce: Callable[[str], None] = lambda message: None,
 ) -> RunConfig:
     """Run the services until the trainer finishes; return the effective config.
 
+    With ``prometheus``, a local Prometheus (:mod:`nibble.monitoring.prometheus`) scrapes every service
+    with the alert and recording rules, its TSDB in ``out/prometheus/data``; ``announce`` gets its URL.
+
     Raises:
         ValueError: the trainer asks for more GPUs than this machine has (nothing is started).
-        RuntimeError: naming the child (and its log) that failed.
+        RuntimeError: naming the child (and its log) that failed, or Prometheus missing (nothing started).
     """
     check_devices(config)
+    if prometheus:
+        local_prometheus.binary()  # refuse before anything starts
     out.mkdir(parents=True, exist_ok=True)
     cluster = Cluster(out, env=child_environment())
     previous = signal.signal(signal.SIGTERM, _raise_exit)  # so the children are stopped on SIGTERM too
     try:
         url = redis_url or start_redis(cluster, out / "redis")
-        effective = effective_config(config, out, url)
+        effective = effective_config(config, out, url, metrics_ports=prometheus)
         path = write_config(effective, out / "config.yaml")
+        sampler_ports = [free_port() if prometheus else 0 for _ in range(effective.num_samplers)]
+        if prometheus:
+            announce(start_prometheus(cluster, out / "prometheus", targets(effective, sampler_ports)))
         cluster.start_service("weightsync", "nibble.weightsync", path)
         t, s = effective.trainer, effective.sampler
         trainer = cluster.start_service(
             "trainer", "nibble.trainer", path, "--out", str(out), nproc_per_node=t.nproc_per_node, device=t.device
         )
-        for i in range(effective.num_samplers):
+        for i, port in enumerate(sampler_ports):
+            env = {"NIBBLE_SAMPLER__METRICS_PORT": str(port)} if port else None
             name = f"sampler-{i}"
-            cluster.start_service(name, "nibble.sampler", path, "--name", name, "--out", str(out), device=s.device)
+            argv = ("--name", name, "--out", str(out))
+            cluster.start_service(name, "nibble.sampler", path, *argv, device=s.device, env=env)
         while trainer.process.poll() is None:
             failed = cluster.failed()
             if failed is not None:
@@ -206,6 +231,33 @@ def launch(
     finally:
         cluster.stop()
         signal.signal(signal.SIGTERM, previous)
+
+
+def targets(config: RunConfig, sampler_ports: list[int]) -> list[Target]:
+    """Every service's ``/metrics`` address, as Prometheus scrape targets."""
+    found = [
+        Target("weightsync", "weightsync", f"127.0.0.1:{config.weightsync.metrics_port}"),
+        Target("trainer", "trainer", f"127.0.0.1:{config.trainer.metrics_port}"),
+    ]
+    return found + [Target(f"sampler-{i}", "sampler", f"127.0.0.1:{port}") for i, port in enumerate(sampler_ports)]
+
+
+def start_prometheus(cluster: Cluster, directory: Path, scrape: list[Target]) -> str:
+    """A Prometheus child scraping ``scrape`` with the rules of :mod:`nibble.monitoring.rules`; returns
+    its URL once it is ready.
+
+    Raises:
+        RuntimeError: it exited or was not ready within 30 s (see ``logs/prometheus.log``).
+    """
+    config = local_prometheus.write_config(directory, scrape)
+    port = free_port()
+    child = cluster.start("prometheus", local_prometheus.argv(config, directory / "data", port))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        local_prometheus.wait_ready(url, 30, alive=lambda: child.process.poll() is None)
+    except RuntimeError as exc:
+        raise RuntimeError(f"{exc}; see {child.log}") from None
+    return url
 
 
 def check_devices(config: RunConfig) -> None:

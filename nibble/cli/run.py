@@ -22,14 +22,21 @@ def run(
         "runs/default"
     ),
     redis_url: Annotated[str | None, typer.Option(help="use this Redis instead of starting a private one")] = None,
+    prometheus: Annotated[
+        bool, typer.Option(help="a local Prometheus scrapes every service (alert + recording rules); TSDB in OUT")
+    ] = False,
 ) -> None:
     """Train with NVFP4 rollouts: samplers and the trainer run concurrently as separate processes."""
     from nibble.config import load
 
     loaded = load(config)
+    from nibble.launcher import check_devices, launch
+
+    check_devices(loaded)  # refusals come before a warm start is trained or anything started
+    if prometheus:
+        _require_prometheus()
     from rich.console import Console
 
-    from nibble.launcher import launch
     from nibble.run_report import plot, summarize
 
     console = Console()
@@ -59,7 +66,14 @@ def run(
 
     started = time.time()
     try:
-        effective = launch(loaded, out, redis_url=redis_url, on_progress=progress)
+        effective = launch(
+            loaded,
+            out,
+            redis_url=redis_url,
+            on_progress=progress,
+            prometheus=prometheus,
+            announce=lambda url: typer.echo(f"prometheus: {url} (TSDB in {out / 'prometheus'})"),
+        )
     except RuntimeError as exc:  # a service failed; the message names it and its log
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
@@ -69,6 +83,18 @@ def run(
     keys = ("steps", "eval_accuracy_before", "eval_accuracy_after", "final_reward", "wall_seconds", "mean_staleness")
     console.print({k: summary[k] for k in keys})
     console.print(f"summary, metrics.jsonl and plots in {out}")
+    if prometheus:
+        console.print(f"dashboard panels as PNG: nibble report run {out}")
+
+
+def _require_prometheus() -> None:
+    from nibble.monitoring.prometheus import binary
+
+    try:
+        binary()
+    except RuntimeError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
 
 
 def _ensure_warm_start(config, console) -> None:

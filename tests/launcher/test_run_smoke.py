@@ -1,7 +1,11 @@
-"""``nibble run`` end to end on configs/smoke.yaml: real processes, a real redis-server, real gRPC."""
+"""``nibble run --prometheus`` end to end on configs/smoke.yaml: real processes, a real redis-server, real
+gRPC, and a real Prometheus scraping every service with the alert and recording rules — then every
+dashboard panel's query and every recording rule is evaluated against what it stored, and ``nibble report
+run`` renders the main panels from it."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +14,11 @@ import pytest
 from prometheus_client import generate_latest
 
 from nibble.metrics import Metrics
+from nibble.monitoring.panels import rows
+from nibble.monitoring.report import main_panels, tsdb_reader
+from nibble.monitoring.rules import HEADROOM_MARGIN, RECORDING_RULES
 from tests.helpers import DESIGN_METRICS
+from tests.services import PROMETHEUS, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 NIBBLE = str(Path(sys.executable).with_name("nibble"))
@@ -39,7 +47,7 @@ def smoke_run(warm_start, tmp_path_factory):
     out = tmp_path_factory.mktemp("smoke") / "run"
     env = {**os.environ, "NIBBLE_MODEL__CHECKPOINT": str(warm_start)}
     result = subprocess.run(
-        [NIBBLE, "run", "--config", str(ROOT / "configs" / "smoke.yaml"), "--out", str(out)],
+        [NIBBLE, "run", "--config", str(ROOT / "configs" / "smoke.yaml"), "--out", str(out), "--prometheus"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -78,3 +86,64 @@ def test_every_design_metric_is_exported_from_start_up():
         missing = [m for m, (kind, _) in DESIGN_METRICS.items() if f"# TYPE {m} {kind}\n" not in text]
         assert not missing, (role, missing)
         assert f'nibble_policy_version{{role="{role}"}} 0.0' in text
+
+
+needs_prometheus = pytest.mark.skipif(PROMETHEUS is None, reason="no prometheus (scripts/setup installs Debian's)")
+
+
+@needs_prometheus
+def test_the_runs_prometheus_scraped_every_service_and_evaluated_every_rule(smoke_run):
+    result, out = smoke_run
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "prometheus: http://127.0.0.1:" in result.stdout
+    log = (out / "logs" / "prometheus.log").read_text()
+    assert "Evaluating rule failed" not in log and "level=error" not in log, log[-3000:]
+    panels = [(p.title, q.expr) for row in rows(HEADROOM_MARGIN) for p in row.panels for q in p.queries]
+    recorded = [(f"recording rule {name}", name) for name in RECORDING_RULES]
+    empty = []
+    with tsdb_reader(out, free_port()) as read:
+        pods = {labels.get("pod") for labels, _ in read("up == 1")}
+        for what, expr in panels + recorded:
+            if not any(points for _, points in read(expr)):
+                empty.append(f"{what}: {expr}")
+    assert pods == {"weightsync", "trainer", "sampler-0", "sampler-1"}
+    assert not empty, "no data from the run's Prometheus for:\n" + "\n".join(empty)
+
+
+@needs_prometheus
+def test_report_run_renders_the_main_panels_from_the_runs_tsdb(smoke_run, tmp_path):
+    _, out = smoke_run
+    png = tmp_path / "dashboard.png"
+    result = subprocess.run([NIBBLE, "report", "run", str(out), "--out", str(png)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    count = len(main_panels())
+    assert f"{count} of {count} main panels, from its Prometheus TSDB" in result.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_run_without_a_tsdb_draws_what_metrics_jsonl_records(smoke_run, tmp_path):
+    _, out = smoke_run
+    shutil.copy(out / "metrics.jsonl", tmp_path / "metrics.jsonl")
+    result = subprocess.run([NIBBLE, "report", "run", str(tmp_path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert f"5 of {len(main_panels())} main panels, from metrics.jsonl" in result.stdout
+    assert (tmp_path / "dashboard.png").is_file()
+
+
+def test_report_run_refuses_a_directory_that_is_not_a_run(tmp_path):
+    for directory in (tmp_path / "missing", tmp_path):
+        result = subprocess.run([NIBBLE, "report", "run", str(directory)], capture_output=True, text=True)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert str(directory) in result.stderr
+
+
+def test_run_prometheus_without_the_binary_says_so_before_starting_anything(tmp_path):
+    env = {**os.environ, "PATH": str(tmp_path)}  # no prometheus (nor anything else) on PATH
+    out = tmp_path / "run"
+    result = subprocess.run(
+        [NIBBLE, "run", "--config", str(ROOT / "configs" / "smoke.yaml"), "--out", str(out), "--prometheus"],
+        capture_output=True, text=True, env={**env, "NIBBLE_MODEL__CHECKPOINT": str(tmp_path / "none")},
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "--prometheus needs the prometheus binary" in result.stderr and "Traceback" not in result.stderr
+    assert not (out / "logs").exists()
