@@ -74,6 +74,9 @@ class RedisConfig(Section):
         30.0, gt=0, description="pending entries of a silent consumer are claimed after this"
     )
     queue_capacity: int = Field(64, ge=1, description="undelivered groups above which samplers pause (never trimmed)")
+    admission_lease_seconds: float = Field(
+        30.0, gt=0, description="a sampler's unwritten admission slots come back this long after it stops renewing"
+    )
     key_prefix: str = "nibble:"
     connect_timeout_seconds: float = Field(5.0, gt=0, description="TCP/TLS connect timeout, and the start-up ping's")
     socket_timeout_seconds: float = Field(
@@ -129,6 +132,9 @@ class SamplerConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int | None = Field(None, ge=1, description="default: the task's max_response_tokens")
     reward_timeout_seconds: float = Field(5.0, gt=0)
+    max_engine_failures: int = Field(
+        3, ge=1, description="consecutive generation errors (each batch's slots given back) before the sampler exits"
+    )
     threads: int = Field(1, ge=1, description="torch threads per sampler process")
     metrics_port: int = Field(0, ge=0, le=65535)
     metrics_host: str = Field("127.0.0.1", description="address /metrics binds; 0.0.0.0 in a pod Prometheus scrapes")

@@ -34,12 +34,15 @@ REJECT_REASONS = (
     "layout_mismatch",
     "bad_token",
     "bad_response",
+    "refused_group",
+    "fetch_failed",
 )
 """Every ``reason`` of ``nibble_rejected_total``: weight-sync's (the weight assembler's reasons, a version
 not above the newest held, an unreadable plan, tensors the plan cannot quantise, a layout that differs
 from the versions held, a missing or wrong bearer token) and the sampler's (a fetched version that
-failed verification or does not fit its model: ``bad_manifest``; responses removed from a group:
-``bad_response``)."""
+failed verification or does not fit its model: ``bad_manifest``; a fetch that failed in transport and is
+retried: ``fetch_failed``; responses removed from a group: ``bad_response``; a group the stream's
+validation refused to write: ``refused_group``)."""
 
 
 class Metrics:
