@@ -71,7 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     sampler = build(config, args.name, args.out)
     signal.signal(signal.SIGTERM, lambda *_: sampler.stop.set())
     signal.signal(signal.SIGINT, lambda *_: sampler.stop.set())
-    sampler.run()
+    from nibble.sampler.service import EXIT_ENGINE_FAILED, EngineFailed
+
+    try:
+        sampler.run()
+    except EngineFailed as exc:
+        print(f"error: sampler {args.name}: {exc}", file=sys.stderr)
+        return EXIT_ENGINE_FAILED
     return 0
 
 
