@@ -81,8 +81,7 @@ def build(config, out: Path, stop: threading.Event):
 
 def _connect(config, metrics):
     """Rank 0's links to the outside (metrics endpoint, the stream, admission, weight-sync) and the highest
-    policy version ever published: weight-sync's newest, or the trainer version Redis keeps (it only grows,
-    and outlives a weight-sync that lost its store)."""
+    policy version ever published (:func:`highest_published`)."""
     from nibble.transport import AdmissionCounter, TrajectoryReader, connect, publisher_from_config
 
     port = metrics.serve(config.trainer.metrics_port, config.trainer.metrics_host).server_port
@@ -96,8 +95,13 @@ def _connect(config, metrics):
 
     reader = TrajectoryReader(client, config.redis, consumer="trainer", on_dead_letter=on_dead_letter)
     publisher = publisher_from_config(config.weightsync)
-    published = max(publisher.latest_version(), admission.trainer_version())
-    return (reader, admission, publisher), published
+    return (reader, admission, publisher), highest_published(publisher, admission)
+
+
+def highest_published(publisher, admission) -> int:
+    """The highest policy version ever published: weight-sync's newest, or the trainer version Redis keeps
+    (it only grows, and outlives a weight-sync that lost its store); 0 when none."""
+    return max(publisher.latest_version(), admission.trainer_version())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,9 +43,10 @@ def run_config(stream_config, tmp_path, **trainer) -> RunConfig:
 
 
 class InProcessTrainer:
-    """What ``nibble.trainer.main.build`` assembles, minus weight-sync (versions stay put), on ``vocab``."""
+    """What ``nibble.trainer.main.build`` assembles on a tiny model of ``vocab`` tokens, publishing to
+    ``publisher`` (None: versions only counted)."""
 
-    def __init__(self, config: RunConfig, out, vocab: int = 15):
+    def __init__(self, config: RunConfig, out, vocab: int = 15, publisher=None):
         torch.manual_seed(0)
         self.client = connect(config.redis)
         self.metrics = Metrics("trainer")
@@ -65,7 +66,7 @@ class InProcessTrainer:
         task = get_task(config.task.name, **config.task.options)
         out.mkdir(parents=True, exist_ok=True)
         self.trainer = Trainer(
-            config, task, model, optimizer, state, reader, self.admission, None, self.metrics, out,
+            config, task, model, optimizer, state, reader, self.admission, publisher, self.metrics, out,
             stop=threading.Event(),
         )  # fmt: skip
 
@@ -86,20 +87,25 @@ def sampler_config(stream_config, **redis) -> RunConfig:
     )
 
 
-def make_sampler(config: RunConfig, engine=None, name: str = "sampler"):
+def tiny_engine(vocab: int, plan: PrecisionPlan | None = None):
+    """The built-in engine on a tiny random model (``plan``: bf16 throughout by default)."""
+    from nibble.sampler.engine import BuiltinEngine
+
+    torch.manual_seed(0)
+    model_config = tiny(vocab_size=vocab)
+    plan = plan or PrecisionPlan(num_layers=model_config.num_hidden_layers, format="bf16")
+    return BuiltinEngine(MoETransformer(model_config, plan).pack(), pad_id=0)
+
+
+def make_sampler(config: RunConfig, engine=None, name: str = "sampler", subscriber=None):
     """A real :class:`~nibble.sampler.service.Sampler` (no weight-sync) on the built-in engine with a tiny
     random bf16 model, or on ``engine``."""
-    from nibble.sampler.engine import BuiltinEngine
     from nibble.sampler.service import Sampler
 
     task = get_task(config.task.name, **config.task.options)
-    if engine is None:
-        torch.manual_seed(0)
-        model_config = tiny(vocab_size=task.tokenizer.vocab_size)
-        model = MoETransformer(model_config, PrecisionPlan(num_layers=model_config.num_hidden_layers, format="bf16"))
-        engine = BuiltinEngine(model.pack(), pad_id=task.tokenizer.pad_id)
+    engine = engine or tiny_engine(task.tokenizer.vocab_size)
     client = connect(config.redis)
     return Sampler(
         config, task, engine, TrajectoryWriter(client, config.redis), AdmissionCounter(client, config.redis),
-        None, Metrics("sampler"), name=name,
+        subscriber, Metrics("sampler"), name=name,
     )  # fmt: skip
