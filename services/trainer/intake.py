@@ -27,7 +27,10 @@ def untrainable_reason(group: pb.TrajectoryGroup, model: ModelConfig, temperatur
     if group.prompt_tokens and max(group.prompt_tokens) >= model.vocab_size:
         return f"{TOKEN_OUT_OF_VOCAB}: {where} prompt holds token {max(group.prompt_tokens)} (vocab {model.vocab_size})"
     if not math.isclose(group.temperature, temperature, rel_tol=1e-6):
-        return f"{TEMPERATURE_MISMATCH}: {where} sampled at temperature {group.temperature}, trainer scores at {temperature}"
+        return (
+            f"{TEMPERATURE_MISMATCH}: {where} sampled at temperature {group.temperature}, "
+            f"the trainer scores at {temperature}"
+        )
     for i, response in enumerate(group.responses):
         if max(response.tokens) >= model.vocab_size:
             return (

@@ -52,7 +52,11 @@ def test_yarn_logits_match_transformers_and_survive_to_hf(tmp_path):
 
 def test_yarn_spelt_as_the_older_rope_scaling_loads_the_same():
     hf = {**Qwen3MoeConfig(**COMMON).to_dict(), "rope_parameters": None}
-    old = {**hf, "rope_theta": 1e4, "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}}
+    old = {
+        **hf,
+        "rope_theta": 1e4,
+        "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
+    }
     new = {**hf, "rope_parameters": YARN}
     assert ModelConfig.from_hf(old) == ModelConfig.from_hf(new)
 
