@@ -101,6 +101,11 @@ class WeightSyncConfig(Section):
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     tls_ca_file: Path | None = Field(None, description="clients: CA that signed the server certificate")
+    tls_client_ca_file: Path | None = Field(
+        None, description="server: mutual TLS, every client must present a certificate this CA signed"
+    )
+    tls_client_cert_file: Path | None = Field(None, description="clients: own certificate, for mutual TLS")
+    tls_client_key_file: Path | None = None
     rpc_timeout_seconds: float = Field(60.0, gt=0, description="deadline of unary RPCs and of each chunk")
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus /metrics; 0 = any free port")
     max_payload_bytes: int = Field(
@@ -120,6 +125,12 @@ class WeightSyncConfig(Section):
             raise ValueError(f"weightsync.port and weightsync.publish_port are both {self.port}; they must differ")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("weightsync.tls_cert_file and weightsync.tls_key_file go together")
+        if (self.tls_client_cert_file is None) != (self.tls_client_key_file is None):
+            raise ValueError("weightsync.tls_client_cert_file and weightsync.tls_client_key_file go together")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError(
+                "weightsync.tls_client_ca_file (mutual TLS) needs the server's tls_cert_file and tls_key_file"
+            )
         return self
 
 

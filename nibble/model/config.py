@@ -175,7 +175,7 @@ def _refuse_unimplemented(hf: dict[str, Any], model_type: str) -> None:
     else:
         off = OFF_VALUES
     for key, value in hf.items():
-        if key in implemented or key in INERT_KEYS and key not in off:
+        if key in implemented or (key in INERT_KEYS and key not in off):
             continue
         if key in off:
             if value not in off[key]:

@@ -82,9 +82,7 @@ def frequencies(
     return inv_freq, float(scale)
 
 
-def rotary(
-    positions: torch.Tensor, inv_freq: torch.Tensor, scale: float = 1.0
-) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary(positions: torch.Tensor, inv_freq: torch.Tensor, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE tables ``cos, sin [B, T, head_dim]`` (float32) for integer ``positions [B, T]``."""
     freqs = positions.to(torch.float32).unsqueeze(-1) * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)

@@ -33,7 +33,9 @@ end
 """
 # ARGV[1] = allowed, ARGV[2] = holder, ARGV[3] = lease ms: after reclaiming expired leases, count one more
 # start only while the total stays ≤ allowed, held by ``holder`` under a lease renewed to now + lease ms.
-_RESERVE = _RECLAIM + """
+_RESERVE = (
+    _RECLAIM
+    + """
 local started = tonumber(redis.call('GET', KEYS[1]) or '0')
 if started + 1 > tonumber(ARGV[1]) then return {0, reclaimed} end
 redis.call('INCR', KEYS[1])
@@ -41,6 +43,7 @@ redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
 redis.call('ZADD', KEYS[3], now + tonumber(ARGV[3]), ARGV[2])
 return {1, reclaimed}
 """
+)
 _RECLAIM_ONLY = _RECLAIM + "return reclaimed\n"
 # KEYS[1] started, KEYS[2] held; ARGV[1] = holder: one of its reservations became a written group. A slot
 # reclaimed meanwhile (the lease ran out) is counted again, so started stays = written + reserved.
