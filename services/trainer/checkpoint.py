@@ -60,6 +60,7 @@ class TrainerState:
     trained: list[str] = field(default_factory=list)
     stale_dropped: list[str] = field(default_factory=list)
     eval_accuracy: float | None = None
+    provenance: dict = field(default_factory=dict)  # of the process that wrote the checkpoint (nibble.provenance)
 
 
 def save(

@@ -15,6 +15,7 @@ from nibble.config import RunConfig
 from nibble.evaluation import accuracy
 from nibble.metrics import Metrics
 from nibble.model import MoETransformer
+from nibble.provenance import provenance
 from nibble.recipe.export import published_state
 from nibble.stability import drift_headroom
 from nibble.tasks import Task
@@ -78,6 +79,7 @@ class Trainer:
         self.stale_dropped_total = 0
         self.shard = shard
         self.leader = shard is None or shard.rank == 0
+        self.provenance = provenance(config)
 
     # -- consuming -----------------------------------------------------------------------------------
 
@@ -227,6 +229,7 @@ class Trainer:
         """Persist the step, then acknowledge and trim the entries it consumed (DESIGN.md §5)."""
         self.state.trained = self.ledger.ids()
         self.state.stale_dropped = self.dropped.ids()
+        self.state.provenance = self.provenance
         checkpoint.save(self.config.trainer.checkpoint_dir, self.model, self.optimizer, self.state, shard=self.shard)
         if not self.leader:
             return
