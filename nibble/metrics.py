@@ -150,8 +150,17 @@ class Metrics:
         found = self.registry.get_sample_value(name, labels)
         return 0.0 if found is None else found
 
-    def serve(self, port: int, host: str = "127.0.0.1") -> WSGIServer:
+    def serve(self, port: int, host: str = "127.0.0.1", keys: tuple[str, str] | None = None) -> WSGIServer:
         """Expose ``/metrics`` over HTTP on ``host:port`` (0 = any free port) from a daemon thread; returns
-        the server (``server_port`` is the bound port; ``shutdown()`` stops it)."""
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        the server (``server_port`` is the bound port; ``shutdown()`` stops it).
+
+        Raises:
+            ValueError: ``host`` is not an address of this machine, or the port is taken; names the config
+                ``keys`` (host key, port key) the values came from.
+        """
+        try:
+            server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        except (OSError, UnicodeError) as exc:  # socket.gaierror is an OSError; an over-long name a UnicodeError
+            where = f"{keys[0]}={host!r}, {keys[1]}={port}" if keys else f"{host}:{port}"
+            raise ValueError(f"cannot serve /metrics on {where}: {exc}") from None
         return server

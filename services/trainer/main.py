@@ -84,7 +84,8 @@ def _connect(config, metrics):
     policy version ever published (:func:`highest_published`)."""
     from nibble.transport import AdmissionCounter, TrajectoryReader, connect, publisher_from_config
 
-    port = metrics.serve(config.trainer.metrics_port, config.trainer.metrics_host).server_port
+    keys = ("trainer.metrics_host", "trainer.metrics_port")
+    port = metrics.serve(config.trainer.metrics_port, config.trainer.metrics_host, keys=keys).server_port
     logging.getLogger("nibble").info("metrics on http://127.0.0.1:%d/metrics", port)
     client = connect(config.redis)
     admission = AdmissionCounter(client, config.redis)

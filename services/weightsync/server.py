@@ -310,7 +310,7 @@ class WeightSyncServer:
             server.start()
         for service in ("", "nibble.wire.WeightPublisher", "nibble.wire.WeightSync"):
             self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
-        self._http = self.metrics.serve(c.metrics_port, c.host)
+        self._http = self.metrics.serve(c.metrics_port, c.host, keys=("weightsync.host", "weightsync.metrics_port"))
         self.metrics_port = self._http.server_port
 
     def stop(self, grace: float | None = None) -> None:
