@@ -238,33 +238,47 @@ def load(path: Path | None, environ: dict[str, str] | None = None) -> RunConfig:
             raise ValueError(f"{path}: not valid YAML ({exc})") from exc
         if not isinstance(data, dict):
             raise ValueError(f"{path}: the top level must be a mapping of sections")
-    _apply_environment(data, os.environ if environ is None else environ)
+    from_environment = _apply_environment(data, os.environ if environ is None else environ)
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:
-        raise ValueError(f"{path or 'config'}: {_describe(exc)}") from None
+        raise ValueError(f"{path or 'config'}: {_describe(exc, from_environment)}") from None
 
 
-def _apply_environment(data: dict[str, Any], environ: dict[str, str]) -> None:
-    """Merge ``NIBBLE_SECTION__FIELD`` variables into ``data``; other ``NIBBLE_*`` names (secrets such as
-    ``NIBBLE_PUBLISH_TOKEN``) are not config keys and are left alone."""
+def _apply_environment(data: dict[str, Any], environ: dict[str, str]) -> dict[tuple[str, ...], str]:
+    """Merge ``NIBBLE_SECTION__FIELD`` variables into ``data``; returns which variable set each key path (so
+    errors name the variable, not the file). ``NIBBLE_*`` names without ``__`` that are not top-level keys
+    (secrets such as ``NIBBLE_PUBLISH_TOKEN``) are not config keys and are left alone.
+
+    Raises:
+        ValueError: a ``NIBBLE_X__Y`` variable whose ``X`` is no config section (a misspelt override would
+            otherwise be ignored), or one that descends into a value that is not a section.
+    """
+    sources: dict[tuple[str, ...], str] = {}
     for key, raw in sorted(environ.items()):
         if not key.startswith(ENV_PREFIX):
             continue
         parts = key[len(ENV_PREFIX) :].lower().split("__")
         if parts[0] not in RunConfig.model_fields:
+            if len(parts) > 1:
+                sections = ", ".join(sorted(RunConfig.model_fields))
+                raise ValueError(f"{key} (environment): no config section {parts[0]!r} (one of {sections})")
             continue
         target = data
         for part in parts[:-1]:
             target = target.setdefault(part, {})
             if not isinstance(target, dict):
-                raise ValueError(f"{key}: {part} is not a section")
+                raise ValueError(f"{key} (environment): {part} is not a section")
         target[parts[-1]] = yaml.safe_load(raw) if raw else raw
+        sources[tuple(parts)] = key
+    return sources
 
 
-def _describe(exc: ValidationError) -> str:
+def _describe(exc: ValidationError, from_environment: dict[tuple[str, ...], str] | None = None) -> str:
     lines = []
     for error in exc.errors():
-        where = ".".join(str(p) for p in error["loc"]) or "config"
-        lines.append(f"{where}: {error['msg']}")
+        path = tuple(str(p) for p in error["loc"])
+        where = ".".join(path) or "config"
+        variable = (from_environment or {}).get(path)
+        lines.append(f"{where} (from {variable}): {error['msg']}" if variable else f"{where}: {error['msg']}")
     return "; ".join(lines)

@@ -1,13 +1,16 @@
-"""A bad ``metrics_host`` is reported against the config key it came from, as one line and exit status 2."""
+"""Config mistakes are reported against their source: a bad ``metrics_host`` names its key (one line, exit
+status 2), a bad ``NIBBLE_*`` override names its variable."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
+from nibble.config import load
 from nibble.metrics import Metrics
 from nibble.model import MoETransformer, tiny
 
@@ -30,3 +33,19 @@ def test_a_sampler_with_a_bad_metrics_host_exits_2_naming_it(tmp_path):
     assert result.returncode == 2, result.stderr
     assert "error: cannot serve /metrics on sampler.metrics_host='256.1.1.1'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"NIBBLE_TRAINER__LERNING_RATE": "1e-4"}, "trainer.lerning_rate (from NIBBLE_TRAINER__LERNING_RATE): Extra"),
+        ({"NIBBLE_TRAINER__LEARNING_RATE": "fast"}, "trainer.learning_rate (from NIBBLE_TRAINER__LEARNING_RATE):"),
+        ({"NIBBLE_TRAINR__TOTAL_STEPS": "3"}, "NIBBLE_TRAINR__TOTAL_STEPS (environment): no config section 'trainr'"),
+        ({"NIBBLE_SEED__X": "3"}, "NIBBLE_SEED__X (environment): seed is not a section"),
+    ],
+)
+def test_environment_overrides_are_reported_against_the_variable(environ, message):
+    with pytest.raises(ValueError) as info:
+        load(Path("configs/smoke.yaml"), environ=environ)
+    assert message in str(info.value)
+    load(Path("configs/smoke.yaml"), environ={"NIBBLE_PUBLISH_TOKEN": "x", "NIBBLE_TEST_WARM_START": "/tmp"})
