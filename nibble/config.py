@@ -81,6 +81,9 @@ class RedisConfig(Section):
         30.0, gt=0, description="pending entries of a silent consumer are claimed after this"
     )
     queue_capacity: int = Field(64, ge=1, description="undelivered groups above which samplers pause (never trimmed)")
+    admission_lease_seconds: float = Field(
+        30.0, gt=0, description="a sampler's unwritten admission slots come back this long after it stops renewing"
+    )
     key_prefix: str = "nibble:"
     connect_timeout_seconds: float = Field(5.0, gt=0, description="TCP/TLS connect timeout, and the start-up ping's")
     socket_timeout_seconds: float = Field(
@@ -105,6 +108,11 @@ class WeightSyncConfig(Section):
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     tls_ca_file: Path | None = Field(None, description="clients: CA that signed the server certificate")
+    tls_client_ca_file: Path | None = Field(
+        None, description="server: mutual TLS, every client must present a certificate this CA signed"
+    )
+    tls_client_cert_file: Path | None = Field(None, description="clients: own certificate, for mutual TLS")
+    tls_client_key_file: Path | None = None
     rpc_timeout_seconds: float = Field(60.0, gt=0, description="deadline of unary RPCs and of each chunk")
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus /metrics; 0 = any free port")
     max_payload_bytes: int = Field(
@@ -124,6 +132,12 @@ class WeightSyncConfig(Section):
             raise ValueError(f"weightsync.port and weightsync.publish_port are both {self.port}; they must differ")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("weightsync.tls_cert_file and weightsync.tls_key_file go together")
+        if (self.tls_client_cert_file is None) != (self.tls_client_key_file is None):
+            raise ValueError("weightsync.tls_client_cert_file and weightsync.tls_client_key_file go together")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError(
+                "weightsync.tls_client_ca_file (mutual TLS) needs the server's tls_cert_file and tls_key_file"
+            )
         return self
 
 
@@ -136,6 +150,9 @@ class SamplerConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int | None = Field(None, ge=1, description="default: the task's max_response_tokens")
     reward_timeout_seconds: float = Field(5.0, gt=0)
+    max_engine_failures: int = Field(
+        3, ge=1, description="consecutive generation errors (each batch's slots given back) before the sampler exits"
+    )
     threads: int = Field(1, ge=1, description="torch threads per sampler process")
     metrics_port: int = Field(0, ge=0, le=65535)
     metrics_host: str = Field("127.0.0.1", description="address /metrics binds; 0.0.0.0 in a pod Prometheus scrapes")
@@ -265,33 +282,47 @@ def load(path: Path | None, environ: dict[str, str] | None = None) -> RunConfig:
             raise ValueError(f"{path}: not valid YAML ({exc})") from exc
         if not isinstance(data, dict):
             raise ValueError(f"{path}: the top level must be a mapping of sections")
-    _apply_environment(data, os.environ if environ is None else environ)
+    from_environment = _apply_environment(data, os.environ if environ is None else environ)
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:
-        raise ValueError(f"{path or 'config'}: {_describe(exc)}") from None
+        raise ValueError(f"{path or 'config'}: {_describe(exc, from_environment)}") from None
 
 
-def _apply_environment(data: dict[str, Any], environ: dict[str, str]) -> None:
-    """Merge ``NIBBLE_SECTION__FIELD`` variables into ``data``; other ``NIBBLE_*`` names (secrets such as
-    ``NIBBLE_PUBLISH_TOKEN``) are not config keys and are left alone."""
+def _apply_environment(data: dict[str, Any], environ: dict[str, str]) -> dict[tuple[str, ...], str]:
+    """Merge ``NIBBLE_SECTION__FIELD`` variables into ``data``; returns which variable set each key path (so
+    errors name the variable, not the file). ``NIBBLE_*`` names without ``__`` that are not top-level keys
+    (secrets such as ``NIBBLE_PUBLISH_TOKEN``) are not config keys and are left alone.
+
+    Raises:
+        ValueError: a ``NIBBLE_X__Y`` variable whose ``X`` is no config section (a misspelt override would
+            otherwise be ignored), or one that descends into a value that is not a section.
+    """
+    sources: dict[tuple[str, ...], str] = {}
     for key, raw in sorted(environ.items()):
         if not key.startswith(ENV_PREFIX):
             continue
         parts = key[len(ENV_PREFIX) :].lower().split("__")
         if parts[0] not in RunConfig.model_fields:
+            if len(parts) > 1:
+                sections = ", ".join(sorted(RunConfig.model_fields))
+                raise ValueError(f"{key} (environment): no config section {parts[0]!r} (one of {sections})")
             continue
         target = data
         for part in parts[:-1]:
             target = target.setdefault(part, {})
             if not isinstance(target, dict):
-                raise ValueError(f"{key}: {part} is not a section")
+                raise ValueError(f"{key} (environment): {part} is not a section")
         target[parts[-1]] = yaml.safe_load(raw) if raw else raw
+        sources[tuple(parts)] = key
+    return sources
 
 
-def _describe(exc: ValidationError) -> str:
+def _describe(exc: ValidationError, from_environment: dict[tuple[str, ...], str] | None = None) -> str:
     lines = []
     for error in exc.errors():
-        where = ".".join(str(p) for p in error["loc"]) or "config"
-        lines.append(f"{where}: {error['msg']}")
+        path = tuple(str(p) for p in error["loc"])
+        where = ".".join(path) or "config"
+        variable = (from_environment or {}).get(path)
+        lines.append(f"{where} (from {variable}): {error['msg']}" if variable else f"{where}: {error['msg']}")
     return "; ".join(lines)

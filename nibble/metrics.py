@@ -34,12 +34,15 @@ REJECT_REASONS = (
     "layout_mismatch",
     "bad_token",
     "bad_response",
+    "refused_group",
+    "fetch_failed",
 )
 """Every ``reason`` of ``nibble_rejected_total``: weight-sync's (the weight assembler's reasons, a version
 not above the newest held, an unreadable plan, tensors the plan cannot quantise, a layout that differs
 from the versions held, a missing or wrong bearer token) and the sampler's (a fetched version that
-failed verification or does not fit its model: ``bad_manifest``; responses removed from a group:
-``bad_response``)."""
+failed verification or does not fit its model: ``bad_manifest``; a fetch that failed in transport and is
+retried: ``fetch_failed``; responses removed from a group: ``bad_response``; a group the stream's
+validation refused to write: ``refused_group``)."""
 
 
 class Metrics:
@@ -147,8 +150,17 @@ class Metrics:
         found = self.registry.get_sample_value(name, labels)
         return 0.0 if found is None else found
 
-    def serve(self, port: int, host: str = "127.0.0.1") -> WSGIServer:
+    def serve(self, port: int, host: str = "127.0.0.1", keys: tuple[str, str] | None = None) -> WSGIServer:
         """Expose ``/metrics`` over HTTP on ``host:port`` (0 = any free port) from a daemon thread; returns
-        the server (``server_port`` is the bound port; ``shutdown()`` stops it)."""
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        the server (``server_port`` is the bound port; ``shutdown()`` stops it).
+
+        Raises:
+            ValueError: ``host`` is not an address of this machine, or the port is taken; names the config
+                ``keys`` (host key, port key) the values came from.
+        """
+        try:
+            server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        except (OSError, UnicodeError) as exc:  # socket.gaierror is an OSError; an over-long name a UnicodeError
+            where = f"{keys[0]}={host!r}, {keys[1]}={port}" if keys else f"{host}:{port}"
+            raise ValueError(f"cannot serve /metrics on {where}: {exc}") from None
         return server

@@ -12,6 +12,7 @@ from pathlib import Path
 from statistics import fmean
 
 from nibble.config import RunConfig
+from nibble.provenance import provenance
 
 
 def read_lines(out: Path) -> list[dict]:
@@ -60,6 +61,7 @@ def summarize(out: Path, config: RunConfig, wall_seconds: float) -> dict:
         "precision": config.plan.format,
         "four_over_six": config.plan.four_over_six is not None,
         "config": config.model_dump(mode="json"),
+        "provenance": provenance(config),
     }
 
 

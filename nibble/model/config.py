@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from nibble.model.rope import YarnScaling
 
 Architecture = Literal["qwen3_moe", "qwen2_moe"]
 
@@ -16,6 +18,28 @@ HF_DEFAULTS = {
     "decoder_sparse_step": 1,
     "tie_word_embeddings": False,
 }
+
+# Keys of an HF config.json that change nothing Nibble computes (bookkeeping, initialisation, generation
+# defaults, HF's own training switches). Every other key is implemented below or refused by name.
+INERT_KEYS = frozenset({
+    "architectures", "model_type", "torch_dtype", "dtype", "transformers_version", "_name_or_path",
+    "initializer_range", "use_cache", "bos_token_id", "eos_token_id", "pad_token_id",
+    "output_router_logits", "router_aux_loss_coef",  # transformers' auxiliary loss; Nibble's RL loss has none
+    "qkv_bias",  # written by to_hf: implied by the architecture
+    "output_attentions", "output_hidden_states", "return_dict",  # what transformers' forward returns
+    "id2label", "label2id", "problem_type",  # classification heads, which a causal LM does not have
+    "chunk_size_feed_forward",  # transformers' memory-saving chunking: the same result
+})  # fmt: skip
+# Keys Nibble does not implement but accepts at the one value that means "off" (anything else is refused).
+OFF_VALUES = {
+    "hidden_act": ("silu",),
+    "attention_dropout": (0, 0.0),
+    "use_sliding_window": (False,),
+    "attention_bias": (False,),
+    "is_encoder_decoder": (False,),
+}
+# Accepted only alongside use_sliding_window: false, where they have no effect.
+SLIDING_WINDOW_KEYS = ("sliding_window", "max_window_layers", "layer_types")
 
 
 def _int_tuple(field: str, value: object) -> tuple[int, ...]:
@@ -52,6 +76,7 @@ class ModelConfig(BaseModel):
     rope_theta: float = Field(10000.0, gt=0)
     max_position_embeddings: int = Field(2048, ge=1)
     tie_word_embeddings: bool = False
+    rope_scaling: YarnScaling | None = Field(None, description="YaRN context extension; None: plain RoPE")
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
@@ -83,25 +108,29 @@ class ModelConfig(BaseModel):
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
-        """Build from an HF ``config.json`` dict (both ``num_experts`` and ``num_local_experts`` spellings).
+        """Build from an HF ``config.json`` dict (both ``num_experts`` and ``num_local_experts`` spellings,
+        ``rope_parameters`` or the older ``rope_theta`` + ``rope_scaling``).
+
+        Every key is implemented, known to change nothing (``INERT_KEYS``), or refused: nothing is dropped.
 
         Raises:
-            ValueError: an unsupported ``model_type`` or a missing required key (named).
+            ValueError: an unsupported ``model_type``, a missing required key, or a key (or value) Nibble does
+                not implement — each named.
         """
         if not isinstance(hf, dict):
             raise ValueError(f"the top level must be an object, got {type(hf).__name__}")
         model_type = hf.get("model_type")
         if model_type not in ("qwen3_moe", "qwen2_moe"):
             raise ValueError(f"model_type={model_type!r}; supported: 'qwen3_moe', 'qwen2_moe'")
+        _refuse_unimplemented(hf, model_type)
         hf = {**HF_DEFAULTS, **hf}  # transformers' defaults for keys a config.json may omit
         experts = hf.get("num_experts", hf.get("num_local_experts"))
-        rope = hf.get("rope_parameters") or {}
-        if not isinstance(rope, dict):
-            raise ValueError(f"rope_parameters must be an object, got {rope!r}")
+        theta, yarn = _rope(hf)
         values = {
             "architecture": model_type,
             "num_experts": experts,
-            "rope_theta": rope.get("rope_theta", hf.get("rope_theta", 10000.0)),
+            "rope_theta": theta,
+            "rope_scaling": yarn,
             "head_dim": hf.get("head_dim") or (hf.get("hidden_size", 0) // max(hf.get("num_attention_heads", 1), 1)),
             "shared_expert_intermediate_size": hf.get("shared_expert_intermediate_size", 0) or 0,
             "mlp_only_layers": _int_tuple("mlp_only_layers", hf.get("mlp_only_layers") or ()),
@@ -116,13 +145,16 @@ class ModelConfig(BaseModel):
 
     def to_hf(self) -> dict[str, Any]:
         """An HF ``config.json`` dict that transformers' Qwen3-MoE / Qwen2-MoE classes load."""
-        out = self.model_dump(exclude={"architecture", "rope_theta"})
+        out = self.model_dump(exclude={"architecture", "rope_theta", "rope_scaling"})
         out["mlp_only_layers"] = list(self.mlp_only_layers)
         out.update(
             model_type=self.architecture,
             architectures=["Qwen3MoeForCausalLM" if self.architecture == "qwen3_moe" else "Qwen2MoeForCausalLM"],
             hidden_act="silu",
-            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
+            rope_parameters={
+                **(self.rope_scaling.to_hf() if self.rope_scaling else {"rope_type": "default"}),
+                "rope_theta": self.rope_theta,
+            },
             rope_theta=self.rope_theta,
             attention_bias=False,
             qkv_bias=self.qkv_bias,
@@ -131,6 +163,68 @@ class ModelConfig(BaseModel):
         if not self.shared_expert_intermediate_size:
             out.pop("shared_expert_intermediate_size")
         return out
+
+
+def _refuse_unimplemented(hf: dict[str, Any], model_type: str) -> None:
+    """Raise naming the first key of ``hf`` that Nibble neither implements nor knows to be inert."""
+    implemented = set(ModelConfig.model_fields) - {"architecture", "rope_scaling"}
+    implemented |= {"num_local_experts", "rope_parameters", "rope_scaling", "rope_theta"}
+    if model_type == "qwen2_moe":
+        # Qwen2-MoE's q/k/v carry a bias by construction (Nibble's qwen2_moe has it): the flag must not deny it
+        off = {**OFF_VALUES, "qkv_bias": (True,)}
+    else:
+        off = OFF_VALUES
+    for key, value in hf.items():
+        if key in implemented or (key in INERT_KEYS and key not in off):
+            continue
+        if key in off:
+            if value not in off[key]:
+                allowed = " or ".join(repr(v) for v in dict.fromkeys(off[key]))
+                raise ValueError(f"{key}={value!r} is not supported (Nibble implements {key}={allowed})")
+            continue
+        if key in SLIDING_WINDOW_KEYS:
+            if hf.get("use_sliding_window") and key != "layer_types":
+                continue  # refused through use_sliding_window itself
+            if key == "layer_types" and any(t != "full_attention" for t in value or ()):
+                raise ValueError(f"layer_types={value!r} is not supported (Nibble implements full attention only)")
+            continue
+        raise ValueError(f"config key {key!r} is not supported by Nibble's loader (value {value!r})")
+
+
+def _rope(hf: dict[str, Any]) -> tuple[float, YarnScaling | None]:
+    """``(rope_theta, YaRN parameters or None)`` from ``rope_parameters`` (transformers ≥ 5) or
+    ``rope_theta`` + ``rope_scaling`` (older); any other RoPE type or key is refused by name."""
+    for key in ("rope_parameters", "rope_scaling"):
+        if hf.get(key) is not None and not isinstance(hf[key], dict):
+            raise ValueError(f"{key} must be an object, got {hf[key]!r}")
+    scaling, params = hf.get("rope_scaling") or {}, hf.get("rope_parameters")
+    key = "rope_parameters" if params is not None else "rope_scaling"
+    if params is not None and scaling:
+        kinds = {_rope_type(scaling), _rope_type(params)}
+        if len(kinds) > 1:
+            raise ValueError(f"rope_scaling and rope_parameters disagree on the RoPE type ({sorted(kinds)})")
+    params = {**scaling, **(params or {})}
+    rope_type = params.pop("rope_type", params.pop("type", "default"))
+    theta = params.pop("rope_theta", hf.get("rope_theta", 10000.0))
+    if params.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError(f"{key}.partial_rotary_factor={params['partial_rotary_factor']!r} is not supported (1.0)")
+    params.pop("partial_rotary_factor", None)
+    if rope_type == "default":
+        if params:
+            raise ValueError(f"{key} key {sorted(params)[0]!r} is not supported with rope_type 'default'")
+        return theta, None
+    if rope_type != "yarn":
+        raise ValueError(f"{key}.rope_type={rope_type!r} is not supported (Nibble implements 'default' and 'yarn')")
+    try:
+        return theta, YarnScaling(**params)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in error["loc"])
+        raise ValueError(f"{key}.{where}: {error['msg']}") from None
+
+
+def _rope_type(params: dict[str, Any]) -> str:
+    return params.get("rope_type", params.get("type", "default"))
 
 
 def tiny(vocab_size: int) -> ModelConfig:

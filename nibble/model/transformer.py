@@ -8,7 +8,8 @@ from torch import nn
 
 from nibble.model.config import ModelConfig
 from nibble.model.kv_cache import KVCache, StaticKVCache
-from nibble.model.layers import DecoderLayer, RMSNorm, rotary
+from nibble.model.layers import DecoderLayer, RMSNorm
+from nibble.model.rope import frequencies, rotary
 from nibble.recipe.modules import PlannedExperts, PlannedLinear, bf16_operand
 from nibble.recipe.plan import PrecisionPlan
 
@@ -93,7 +94,11 @@ class MoETransformer(nn.Module):
         """
         cd = self.plan.torch_compute_dtype
         x = F.embedding(input_ids, bf16_operand(self.model.embed_tokens.weight, self.plan)).to(cd)
-        cos, sin = rotary(positions, self.config.head_dim, self.config.rope_theta)
+        c = self.config
+        inv_freq, scale = frequencies(
+            c.head_dim, c.rope_theta, c.max_position_embeddings, c.rope_scaling, positions.device
+        )
+        cos, sin = rotary(positions, inv_freq, scale)
         for layer in self.model.layers:
             x = layer(x, cos, sin, mask, kv_cache)
         return self.lm_head(self.model.norm(x)).to(torch.float32)
@@ -137,6 +142,8 @@ class MoETransformer(nn.Module):
         for param in self.parameters():  # embeddings, norms, router: their bf16 cast is what computes
             param.requires_grad_(False)
             param.data = param.data.to(torch.bfloat16)
+        if self.config.tie_word_embeddings:  # packing gave lm_head a parameter of its own: tie it again
+            self.lm_head.weight = self.model.embed_tokens.weight
         return self
 
     def num_parameters(self) -> int:

@@ -45,33 +45,60 @@ def server_options() -> list[tuple[str, int]]:
     ]
 
 
-def open_channel(target: str, *, ca_file: Path | None = None) -> grpc.Channel:
-    """A channel to ``target`` (``host:port``): TLS verified against ``ca_file`` when given, else plaintext.
+def open_channel(
+    target: str, *, ca_file: Path | None = None, cert_file: Path | None = None, key_file: Path | None = None
+) -> grpc.Channel:
+    """A channel to ``target`` (``host:port``): TLS verified against ``ca_file`` when given, else plaintext;
+    with ``cert_file``/``key_file`` the client presents its own certificate (mutual TLS).
 
     Raises:
-        ValueError: ``ca_file`` cannot be read.
+        ValueError: a file cannot be read, only one of cert/key, or a client certificate without TLS.
     """
+    if (cert_file is None) != (key_file is None):
+        raise ValueError("a client TLS certificate and its key go together; give both or neither")
     if ca_file is None:
+        if cert_file is not None:
+            raise ValueError("a client certificate needs TLS: give the CA of the server's certificate too")
         return grpc.insecure_channel(target, options=channel_options())
-    credentials = grpc.ssl_channel_credentials(root_certificates=_read(ca_file, "TLS CA"))
+    own = {}
+    if cert_file is not None:
+        own = {
+            "private_key": _read(key_file, "client TLS key"),
+            "certificate_chain": _read(cert_file, "client TLS certificate"),
+        }
+    credentials = grpc.ssl_channel_credentials(root_certificates=_read(ca_file, "TLS CA"), **own)
     return grpc.secure_channel(target, credentials, options=channel_options())
 
 
-def add_port(server: grpc.Server, address: str, *, cert_file: Path | None = None, key_file: Path | None = None) -> int:
+def add_port(
+    server: grpc.Server,
+    address: str,
+    *,
+    cert_file: Path | None = None,
+    key_file: Path | None = None,
+    client_ca_file: Path | None = None,
+) -> int:
     """Bind ``server`` to ``address`` (``host:port``, port 0 = any free one), with TLS when a certificate
-    and key are given; returns the bound port.
+    and key are given, requiring every client to present a certificate ``client_ca_file`` signed when
+    that is given (mutual TLS); returns the bound port.
 
     Raises:
-        ValueError: only one of cert/key given, unreadable files, or the address could not be bound.
+        ValueError: only one of cert/key given, a client CA without TLS, unreadable files, or the address
+            could not be bound.
     """
     if (cert_file is None) != (key_file is None):
         raise ValueError("a TLS certificate and its key go together; give both or neither")
+    if client_ca_file is not None and cert_file is None:
+        raise ValueError("mutual TLS (a client CA) needs the server's own certificate and key")
     try:
         if cert_file is None:
             port = server.add_insecure_port(address)
         else:
             pair = (_read(key_file, "TLS key"), _read(cert_file, "TLS certificate"))
-            port = server.add_secure_port(address, grpc.ssl_server_credentials([pair]))
+            clients = {}
+            if client_ca_file is not None:
+                clients = {"root_certificates": _read(client_ca_file, "client TLS CA"), "require_client_auth": True}
+            port = server.add_secure_port(address, grpc.ssl_server_credentials([pair], **clients))
     except RuntimeError as exc:
         raise ValueError(f"cannot listen on {address}: {exc}") from None
     if port == 0:

@@ -42,8 +42,9 @@ class TrajectoryWriter:
     def __init__(self, client: redis.Redis, config: RedisConfig):
         self.client, self.config = client, config
 
-    def write(self, group: pb.TrajectoryGroup) -> str:
-        """Append ``group`` as one entry; returns its entry id.
+    def write(self, group: pb.TrajectoryGroup, also: Callable[[redis.client.Pipeline], None] | None = None) -> str:
+        """Append ``group`` as one entry; returns its entry id. ``also(pipe)`` may queue more commands to run
+        in the same transaction (the sampler's admission commit), so a crash never separates them.
 
         Raises:
             ValueError: the group is invalid (``validate_group``'s reason): the sampler must not write it.
@@ -53,12 +54,15 @@ class TrajectoryWriter:
         if reason is not None:
             raise ValueError(f"refusing to write trajectory group {group.group_id!r}: {reason}")
         payload = group.SerializeToString()
-        entry_id = retrying(
-            self.client,
-            self.config,
-            f"writing group {group.group_id}",
-            lambda: self.client.xadd(self.config.stream, {PAYLOAD_FIELD: payload}),
-        )
+
+        def command():
+            pipe = self.client.pipeline(transaction=True)
+            pipe.xadd(self.config.stream, {PAYLOAD_FIELD: payload})
+            if also is not None:
+                also(pipe)
+            return pipe.execute()[0]
+
+        entry_id = retrying(self.client, self.config, f"writing group {group.group_id}", command)
         return entry_id.decode()
 
     def backpressure(self) -> bool:
@@ -226,10 +230,19 @@ class TrajectoryReader:
             if reason is None:
                 entries.append(StreamEntry(entry_id, group))
             else:
-                self._dead_letter(entry_id, reason, payload or b"")
+                self.dead_letter(entry_id, reason, payload or b"")
         return entries
 
-    def _dead_letter(self, entry_id: str, reason: str, payload: bytes) -> None:
+    def dead_letter(self, entry_id: str, reason: str, payload: bytes) -> None:
+        """Move entry ``entry_id`` to the dead-letter stream with ``reason`` (``"<code>: <detail>"``) and its
+        ``payload``, acknowledging it in the same transaction; count it and call ``on_dead_letter(code)``.
+        Used for entries that fail to decode or validate here, and by the trainer for groups its model
+        cannot train on.
+
+        Raises:
+            RedisUnavailable: Redis stayed unreachable for ``retry_seconds``.
+        """
+
         def command():
             pipe = self.client.pipeline(transaction=True)
             pipe.xadd(
@@ -242,6 +255,7 @@ class TrajectoryReader:
             return pipe.execute()
 
         retrying(self.client, self.config, f"dead-lettering entry {entry_id}", command)
+        self._held.discard(entry_id)
         code = reason_code(reason)
         self.dead_lettered[code] += 1
         logger.warning("dead-lettered stream entry %s: %s", entry_id, reason)

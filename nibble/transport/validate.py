@@ -22,6 +22,10 @@ LENGTH_MISMATCH = "length_mismatch"
 NEGATIVE_TOKEN = "negative_token"
 NON_FINITE_REWARD = "non_finite_reward"
 BAD_TEMPERATURE = "bad_temperature"
+# The trainer's own checks of a valid group against its model and config (``nibble.trainer.intake``).
+TOKEN_OUT_OF_VOCAB = "token_out_of_vocab"
+TOO_LONG = "too_long"
+TEMPERATURE_MISMATCH = "temperature_mismatch"
 REASONS = (
     UNDECODABLE,
     MISSING_PAYLOAD,
@@ -34,6 +38,9 @@ REASONS = (
     NEGATIVE_TOKEN,
     NON_FINITE_REWARD,
     BAD_TEMPERATURE,
+    TOKEN_OUT_OF_VOCAB,
+    TOO_LONG,
+    TEMPERATURE_MISMATCH,
 )
 
 

@@ -47,6 +47,8 @@ class _Client:
         rpc_timeout: float,
         stream_timeout: float,
         attempts: int,
+        cert_file: Path | None = None,
+        key_file: Path | None = None,
     ):
         if attempts < 1:
             raise ValueError(f"attempts={attempts} must be at least 1")
@@ -55,7 +57,7 @@ class _Client:
         self.stream_timeout = stream_timeout
         self.attempts = attempts
         self._metadata = bearer_metadata(token)
-        self._channel = open_channel(target, ca_file=ca_file)
+        self._channel = open_channel(target, ca_file=ca_file, cert_file=cert_file, key_file=key_file)
         self._sync = rpc.WeightSyncStub(self._channel)
         self._closed = threading.Event()
 
@@ -103,6 +105,7 @@ class WeightPublisherClient(_Client):
         target: ``host:port`` of weight-sync's publish port.
         token: the publish token (``None``: the server runs without auth).
         ca_file: CA certificate to verify the server's TLS certificate; plaintext when ``None``.
+        cert_file, key_file: this client's own certificate and key, for a server that requires mutual TLS.
         chunk_bytes: chunk size (bytes), at most 4 MiB.
         rpc_timeout: deadline of unary calls and of each chunk of a stream (seconds).
         stream_timeout: deadline of a whole publication, quantisation on the server included (seconds).
@@ -115,14 +118,17 @@ class WeightPublisherClient(_Client):
         token: str | None = None,
         *,
         ca_file: Path | None = None,
+        cert_file: Path | None = None,
+        key_file: Path | None = None,
         chunk_bytes: int = MAX_CHUNK_BYTES,
         rpc_timeout: float = 60.0,
         stream_timeout: float = 3600.0,
         attempts: int = 3,
     ):
         super().__init__(
-            target, token, ca_file=ca_file, rpc_timeout=rpc_timeout, stream_timeout=stream_timeout, attempts=attempts
-        )
+            target, token, ca_file=ca_file, rpc_timeout=rpc_timeout, stream_timeout=stream_timeout, attempts=attempts,
+            cert_file=cert_file, key_file=key_file,
+        )  # fmt: skip
         self.chunk_bytes = chunk_bytes
         self._publish = self._channel.stream_unary(  # the generated stub, but sending pre-serialised frames
             f"/{pb.DESCRIPTOR.services_by_name['WeightPublisher'].full_name}/PublishWeights",
@@ -177,6 +183,7 @@ class WeightSubscriber(_Client):
         token: the fetch token (``None``: the server runs without auth).
         sampler_id: this sampler's name, for the server's logs.
         ca_file: CA certificate to verify the server's TLS certificate; plaintext when ``None``.
+        cert_file, key_file: this client's own certificate and key, for a server that requires mutual TLS.
         rpc_timeout: deadline of unary calls and of each chunk of a fetch (seconds).
         stream_timeout: deadline of a whole fetch (seconds).
         watch_timeout: a watch call is re-opened after this long (seconds), so a silently dead
@@ -192,6 +199,8 @@ class WeightSubscriber(_Client):
         *,
         sampler_id: str = "",
         ca_file: Path | None = None,
+        cert_file: Path | None = None,
+        key_file: Path | None = None,
         rpc_timeout: float = 60.0,
         stream_timeout: float = 3600.0,
         watch_timeout: float = 300.0,
@@ -199,8 +208,9 @@ class WeightSubscriber(_Client):
         attempts: int = 3,
     ):
         super().__init__(
-            target, token, ca_file=ca_file, rpc_timeout=rpc_timeout, stream_timeout=stream_timeout, attempts=attempts
-        )
+            target, token, ca_file=ca_file, rpc_timeout=rpc_timeout, stream_timeout=stream_timeout, attempts=attempts,
+            cert_file=cert_file, key_file=key_file,
+        )  # fmt: skip
         self.sampler_id = sampler_id
         self.watch_timeout = watch_timeout
         self.max_bytes = max_bytes
@@ -288,6 +298,8 @@ def publisher_from_config(config: WeightSyncConfig) -> WeightPublisherClient:
         f"{config.host}:{config.publish_port}",
         read_token(config.publish_token_file, PUBLISH_TOKEN_ENV),
         ca_file=config.tls_ca_file,
+        cert_file=config.tls_client_cert_file,
+        key_file=config.tls_client_key_file,
         chunk_bytes=config.chunk_bytes,
         rpc_timeout=config.rpc_timeout_seconds,
     )
@@ -300,6 +312,8 @@ def subscriber_from_config(config: WeightSyncConfig, sampler_id: str) -> WeightS
         read_token(config.fetch_token_file, FETCH_TOKEN_ENV),
         sampler_id=sampler_id,
         ca_file=config.tls_ca_file,
+        cert_file=config.tls_client_cert_file,
+        key_file=config.tls_client_key_file,
         rpc_timeout=config.rpc_timeout_seconds,
         max_bytes=config.max_payload_bytes,
     )

@@ -44,7 +44,8 @@ def build(config, name: str, out: Path | None):
     task = get_task(config.task.name, **config.task.options)
     engine = BuiltinEngine(model, pad_id=task.tokenizer.pad_id, batch_rows=s.groups_per_batch * s.group_size)
     metrics = Metrics("sampler")
-    port = metrics.serve(config.sampler.metrics_port, config.sampler.metrics_host).server_port
+    keys = ("sampler.metrics_host", "sampler.metrics_port")
+    port = metrics.serve(config.sampler.metrics_port, config.sampler.metrics_host, keys=keys).server_port
     logging.getLogger("nibble").info("metrics on http://127.0.0.1:%d/metrics", port)
     client = connect(config.redis)
     subscriber = subscriber_from_config(config.weightsync, name)
@@ -73,12 +74,18 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.name} %(levelname)s %(message)s")
     try:
         sampler = build(config, args.name, args.out)
-    except ValueError as exc:
+    except ValueError as exc:  # a device, a checkpoint, a metrics address, … named in the message
         print(f"error: {exc}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, lambda *_: sampler.stop.set())
     signal.signal(signal.SIGINT, lambda *_: sampler.stop.set())
-    sampler.run()
+    from nibble.sampler.service import EXIT_ENGINE_FAILED, EngineFailed
+
+    try:
+        sampler.run()
+    except EngineFailed as exc:
+        print(f"error: sampler {args.name}: {exc}", file=sys.stderr)
+        return EXIT_ENGINE_FAILED
     return 0
 
 

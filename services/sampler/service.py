@@ -11,15 +11,46 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import grpc
+
 from nibble.config import RunConfig
 from nibble.evaluation import decode_response
 from nibble.metrics import Metrics
 from nibble.sampler.engine import Engine
 from nibble.sampler.groups import build_group
 from nibble.tasks import Task
-from nibble.transport import AdmissionCounter, TrajectoryWriter, WeightSubscriber, allowed_groups
+from nibble.transport import (
+    AdmissionCounter,
+    StreamStalled,
+    TrajectoryWriter,
+    WeightRejected,
+    WeightSubscriber,
+    allowed_groups,
+)
 
 log = logging.getLogger("nibble.sampler")
+
+
+EXIT_ENGINE_FAILED = 3
+"""Exit status of a sampler whose engine failed ``sampler.max_engine_failures`` batches in a row."""
+
+
+FETCH_RETRY_FIRST_SECONDS, FETCH_RETRY_MAX_SECONDS = 0.5, 30.0
+"""A fetch that failed in transport is retried after 0.5 s, doubling to at most 30 s."""
+
+
+def exc_code(exc: Exception) -> grpc.StatusCode | None:
+    """The gRPC status of ``exc`` (``None`` for anything but an RPC error)."""
+    return exc.code() if isinstance(exc, grpc.RpcError) and hasattr(exc, "code") else None
+
+
+def exc_summary(exc: Exception) -> str:
+    code = exc_code(exc)
+    return f"{code.name}: {exc.details()}" if code is not None else f"{type(exc).__name__}: {exc}"
+
+
+class EngineFailed(RuntimeError):
+    """The generation engine failed ``sampler.max_engine_failures`` consecutive batches."""
 
 
 @dataclass
@@ -28,6 +59,7 @@ class SamplerStats:
     groups_not_written: int = 0
     responses_removed: int = 0
     tokens: int = 0
+    engine_failures: int = 0
 
 
 class Sampler:
@@ -61,6 +93,9 @@ class Sampler:
         self._examples = task.train_stream(seed=hash(self.sampler_id) % 2**31)
         self._pending_version: tuple[int, float] | None = None
         self._pending_lock = threading.Lock()
+        self._failures_in_a_row = 0
+        self._fetch_retry_at = 0.0  # time.monotonic() before which a failed fetch is not retried
+        self._fetch_backoff = FETCH_RETRY_FIRST_SECONDS
 
     # -- weights -------------------------------------------------------------------------------------
 
@@ -73,6 +108,15 @@ class Sampler:
                 self._pending_version = (announcement.policy_version, announcement.published_at)
 
     def maybe_update_weights(self) -> None:
+        """Apply the newest announced version, if any (between batches only).
+
+        A version that fails verification or does not fit the model is dropped (``bad_manifest``); a fetch
+        that fails in transport (weight-sync away, a cut connection, a stalled stream) leaves the sampler
+        serving its current version and is retried with backoff (``fetch_failed``) until it succeeds or a
+        newer version is announced.
+        """
+        if time.monotonic() < self._fetch_retry_at:
+            return
         with self._pending_lock:
             pending, self._pending_version = self._pending_version, None
         if pending is None or pending[0] <= self.engine.policy_version:
@@ -80,10 +124,14 @@ class Sampler:
         version, published_at = pending
         try:
             manifest, state = self.subscriber.fetch(version)
-        except Exception as exc:
-            log.warning("version %d rejected: %s", version, exc)
-            self.metrics.rejected.labels(reason="bad_manifest").inc()
+        except (WeightRejected, grpc.RpcError, StreamStalled) as exc:
+            if isinstance(exc, WeightRejected) or exc_code(exc) == grpc.StatusCode.NOT_FOUND:
+                log.warning("version %d rejected: %s", version, exc)  # corrupt, or rotated out: a newer comes
+                self.metrics.rejected.labels(reason="bad_manifest").inc()
+                return
+            self._retry_fetch_later(pending, exc)
             return
+        self._fetch_backoff = FETCH_RETRY_FIRST_SECONDS
         self.engine.pause()
         try:
             self.engine.update_weights(version, state)
@@ -96,6 +144,19 @@ class Sampler:
         self.metrics.weight_bytes.labels(role="sampler").inc(manifest.total_bytes)
         if self.engine.policy_version == version:
             self.metrics.weight_sync_seconds.observe(max(0.0, time.time() - published_at))
+
+    def _retry_fetch_later(self, pending: tuple[int, float], exc: Exception) -> None:
+        """Keep ``pending`` (unless a newer version was announced meanwhile) for a retry after backoff."""
+        log.warning(
+            "fetching version %d failed (%s); serving version %d, retrying in %.1f s",
+            pending[0], exc_summary(exc), self.engine.policy_version, self._fetch_backoff,
+        )  # fmt: skip
+        self.metrics.rejected.labels(reason="fetch_failed").inc()
+        with self._pending_lock:
+            if self._pending_version is None or self._pending_version[0] < pending[0]:
+                self._pending_version = pending
+        self._fetch_retry_at = time.monotonic() + self._fetch_backoff
+        self._fetch_backoff = min(2 * self._fetch_backoff, FETCH_RETRY_MAX_SECONDS)
 
     # -- generation ----------------------------------------------------------------------------------
 
@@ -111,12 +172,19 @@ class Sampler:
             return 0
         granted = 0
         allowed = allowed_groups(version, t.max_staleness, t.groups_per_step * t.publish_every)
-        while granted < self.config.sampler.groups_per_batch and self.admission.reserve(allowed):
+        while granted < self.config.sampler.groups_per_batch and self.admission.reserve(allowed, self.sampler_id):
             granted += 1
         return granted
 
     def step(self) -> bool:
-        """One generation batch; returns False when it could not start (backpressure or no slots)."""
+        """One generation batch; returns False when it could not start (backpressure or no slots).
+
+        Whatever this batch reserved and did not write is given back before returning, whether the batch
+        succeeded, wrote fewer groups, or failed (a dead process's slots come back with its lease).
+
+        Raises:
+            EngineFailed: the engine failed ``sampler.max_engine_failures`` batches in a row.
+        """
         self.maybe_update_weights()
         if self.writer.backpressure():
             return False
@@ -124,25 +192,56 @@ class Sampler:
         if not granted:
             return False
         examples = [next(self._examples) for _ in range(granted)]
-        written = self.generate_and_write(examples)
-        if written < granted:
-            self.admission.release(granted - written)
+        written, started, version = 0, time.time(), self.engine.policy_version
+        try:
+            samples = self.generate([self.task.prompt_ids(e) for e in examples])
+            if samples is not None:
+                written = self.score_and_write(examples, samples, version, started)
+        finally:
+            self.admission.release(granted - written, holder=self.sampler_id)
         return True
 
-    def generate_and_write(self, examples) -> int:
+    def generate(self, prompts: list[list[int]]):
+        """The engine's samples for ``prompts``, or ``None`` after an engine error (logged, counted).
+
+        Raises:
+            EngineFailed: this was the ``max_engine_failures``-th failed batch in a row.
+        """
+        s = self.config.sampler
+        try:
+            samples = self.engine.generate(
+                prompts,
+                n=s.group_size,
+                max_new_tokens=s.max_new_tokens or self.task.max_response_tokens,
+                temperature=s.temperature,
+                top_p=s.top_p,
+                stop_tokens=[self.task.tokenizer.eos_id],
+                seed=next(self._counter),
+            )
+        except Exception as exc:  # any engine (built-in or external) may fail in its own way
+            self._failures_in_a_row += 1
+            self.stats.engine_failures += 1
+            log.warning(
+                "generation failed (%d of %d in a row): %s: %s",
+                self._failures_in_a_row, s.max_engine_failures, type(exc).__name__, exc, exc_info=True,
+            )  # fmt: skip
+            if self._failures_in_a_row >= s.max_engine_failures:
+                raise EngineFailed(
+                    f"the generation engine failed {self._failures_in_a_row} batches in a row; last error: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+            return None
+        self._failures_in_a_row = 0
+        self._fetch_retry_at = 0.0  # time.monotonic() before which a failed fetch is not retried
+        self._fetch_backoff = FETCH_RETRY_FIRST_SECONDS
+        return samples
+
+    def score_and_write(self, examples, samples, version: int, started: float) -> int:
+        """Reward, build and write one group per example (sampled at ``version``, starting at ``started``,
+        Unix seconds); returns how many were written (each turning one of this sampler's reservations into
+        a written group in the same Redis transaction)."""
         s, task = self.config.sampler, self.task
-        started = time.time()
-        version = self.engine.policy_version
         prompts = [task.prompt_ids(e) for e in examples]
-        samples = self.engine.generate(
-            prompts,
-            n=s.group_size,
-            max_new_tokens=s.max_new_tokens or task.max_response_tokens,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            stop_tokens=[task.tokenizer.eos_id],
-            seed=next(self._counter),
-        )
         written = 0
         for example, prompt, group_samples in zip(examples, prompts, samples, strict=True):
             responses = [decode_response(task, x.tokens) for x in group_samples]
@@ -171,7 +270,13 @@ class Sampler:
             if outcome.group is None:
                 self.stats.groups_not_written += 1
                 continue
-            self.writer.write(outcome.group)
+            try:
+                self.writer.write(outcome.group, also=lambda pipe: self.admission.commit(self.sampler_id, pipe))
+            except ValueError as exc:  # refused by the stream's validation: never written, slot given back
+                log.warning("%s", exc)
+                self.metrics.rejected.labels(reason="refused_group").inc()
+                self.stats.groups_not_written += 1
+                continue
             self.stats.groups_written += 1
             written += 1
         return written
@@ -191,16 +296,35 @@ class Sampler:
         tmp.write_text(json.dumps(record) + "\n")
         tmp.replace(self.stats_file)
 
+    def renew_lease(self) -> None:
+        """Background thread: renew this sampler's admission lease three times per lease period, so its
+        reservations outlive a long batch but come back soon after the process dies."""
+        period = self.config.redis.admission_lease_seconds / 3
+        while not self.stop.wait(period):
+            try:
+                self.admission.renew(self.sampler_id)
+            except Exception as exc:  # Redis lost for longer than retry_seconds: the main loop reports it
+                log.warning("could not renew the admission lease: %s", exc)
+
     def run(self, idle_sleep: float = 0.05, stats_every: float = 2.0) -> None:
+        """Generate until ``stop`` is set.
+
+        Raises:
+            EngineFailed: see :meth:`step` (the stats file is written first).
+        """
         watcher = threading.Thread(target=self.watch_versions, name="weight-watch", daemon=True)
         watcher.start()
+        threading.Thread(target=self.renew_lease, name="admission-lease", daemon=True).start()
         last = 0.0
-        while not self.stop.is_set():
-            if not self.step():
-                self.stop.wait(idle_sleep)
-            if time.monotonic() - last > stats_every:
-                self.write_stats()
-                last = time.monotonic()
-        if self.subscriber is not None:
-            self.subscriber.close()  # ends the watch thread
-        self.write_stats()
+        try:
+            while not self.stop.is_set():
+                if not self.step():
+                    self.stop.wait(idle_sleep)
+                if time.monotonic() - last > stats_every:
+                    self.write_stats()
+                    last = time.monotonic()
+        finally:
+            self.stop.set()  # ends the lease thread
+            if self.subscriber is not None:
+                self.subscriber.close()  # ends the watch thread
+            self.write_stats()

@@ -60,6 +60,7 @@ class TrainerState:
     trained: list[str] = field(default_factory=list)
     stale_dropped: list[str] = field(default_factory=list)
     eval_accuracy: float | None = None
+    provenance: dict = field(default_factory=dict)  # of the process that wrote the checkpoint (nibble.provenance)
 
 
 def save(
@@ -99,16 +100,32 @@ def save(
             write_config(model.config, tmp)
     if leader:
         (tmp / STATE_FILE).write_text(json.dumps(asdict(state)) + "\n")
+        fsync_tree(tmp)  # on disk before the rename makes it the checkpoint (a power cut keeps old or new)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         latest_tmp = directory / ".latest.tmp"
         latest_tmp.write_text(final.name + "\n")
+        fsync_tree(latest_tmp)
         os.replace(latest_tmp, directory / "latest")
+        fsync_tree(directory, recurse=False)  # the renames themselves
         for old in sorted(directory.glob("step-*"))[:-keep]:  # zero-padded step numbers sort in step order
             shutil.rmtree(old, ignore_errors=True)
     if shard is not None:
         sharded.barrier()
     return final
+
+
+def fsync_tree(path: Path, recurse: bool = True) -> None:
+    """Flush ``path`` (a file, or a directory with, when ``recurse``, every file and directory below it) to
+    the disk, so a rename that follows publishes only durable data."""
+    path = Path(path)
+    paths = [path] if not recurse or path.is_file() else [*path.rglob("*"), path]
+    for item in paths:
+        fd = os.open(item, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def is_sharded(path: Path) -> bool:

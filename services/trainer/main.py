@@ -72,35 +72,43 @@ def build(config, out: Path, stop: threading.Event):
     state = checkpoint.load_state(resume) if resume is not None else checkpoint.TrainerState()
     task = get_task(config.task.name, **config.task.options)
     metrics = Metrics("trainer")
-    services = (None, None, None)
+    services, published = (None, None, None), 0
     if shard is None or shard.rank == 0:
-        services = _connect(config, metrics, state)
+        services, published = _connect(config, metrics)
     if shard is not None:
-        state.policy_version = sharded.broadcast(state.policy_version)
+        published = sharded.broadcast(published)
     reader, admission, publisher = services
-    return Trainer(
+    trainer = Trainer(
         config, task, model, optimizer, state, reader, admission, publisher, metrics, out, stop=stop, shard=shard
     )
+    trainer.continue_above(published)
+    return trainer
 
 
-def _connect(config, metrics, state):
-    """Rank 0's links to the outside: metrics endpoint, the stream, admission, weight-sync."""
+def _connect(config, metrics):
+    """Rank 0's links to the outside (metrics endpoint, the stream, admission, weight-sync) and the highest
+    policy version ever published (:func:`highest_published`)."""
     from nibble.transport import AdmissionCounter, TrajectoryReader, connect, publisher_from_config
 
-    port = metrics.serve(config.trainer.metrics_port, config.trainer.metrics_host).server_port
+    keys = ("trainer.metrics_host", "trainer.metrics_port")
+    port = metrics.serve(config.trainer.metrics_port, config.trainer.metrics_host, keys=keys).server_port
     logging.getLogger("nibble").info("metrics on http://127.0.0.1:%d/metrics", port)
     client = connect(config.redis)
-    reader = TrajectoryReader(
-        client,
-        config.redis,
-        consumer="trainer",
-        on_dead_letter=lambda reason: metrics.dead_lettered.labels(reason=reason).inc(),
-    )
     admission = AdmissionCounter(client, config.redis)
+
+    def on_dead_letter(reason: str) -> None:
+        metrics.dead_lettered.labels(reason=reason).inc()
+        admission.release(1)  # a dead-lettered group will never be trained: its slot comes back
+
+    reader = TrajectoryReader(client, config.redis, consumer="trainer", on_dead_letter=on_dead_letter)
     publisher = publisher_from_config(config.weightsync)
-    state.policy_version = max(state.policy_version, publisher.latest_version())
-    admission.set_trainer_version(state.policy_version)
-    return reader, admission, publisher
+    return (reader, admission, publisher), highest_published(publisher, admission)
+
+
+def highest_published(publisher, admission) -> int:
+    """The highest policy version ever published: weight-sync's newest, or the trainer version Redis keeps
+    (it only grows, and outlives a weight-sync that lost its store); 0 when none."""
+    return max(publisher.latest_version(), admission.trainer_version())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,12 +15,14 @@ from nibble.config import RunConfig
 from nibble.evaluation import accuracy
 from nibble.metrics import Metrics
 from nibble.model import MoETransformer
+from nibble.provenance import provenance
 from nibble.recipe.export import published_state
 from nibble.stability import drift_headroom
 from nibble.tasks import Task
 from nibble.trainer import checkpoint, sharded
 from nibble.trainer.batch import assemble
 from nibble.trainer.demand import sampler_demand
+from nibble.trainer.intake import untrainable_reason
 from nibble.trainer.sharded import Shard
 from nibble.trainer.step import StepResult, train_on_batch
 from nibble.transport import AdmissionCounter, StreamEntry, TrajectoryReader, WeightPublisherClient
@@ -77,6 +79,7 @@ class Trainer:
         self.stale_dropped_total = 0
         self.shard = shard
         self.leader = shard is None or shard.rank == 0
+        self.provenance = provenance(config)
 
     # -- consuming -----------------------------------------------------------------------------------
 
@@ -97,11 +100,19 @@ class Trainer:
         return consumed
 
     def _take(self, entry: StreamEntry, consumed: Consumed) -> None:
+        """Add ``entry``'s group to ``consumed`` unless it was seen before (redelivery, duplicate ``XADD``),
+        cannot be trained by this model (dead-lettered: the reader acknowledges it, counts it and the
+        admission slot comes back through ``on_dead_letter``) or is too stale (dropped, slot released)."""
         group = entry.group
-        consumed.entry_ids.append(entry.entry_id)
         ids = [r.trajectory_id for r in group.responses]
         if all(i in self.ledger or i in self.dropped or i in consumed.trajectory_ids for i in ids):
+            consumed.entry_ids.append(entry.entry_id)
             return  # a redelivery or duplicate XADD: already trained, dropped, or in this batch
+        reason = untrainable_reason(group, self.model.config, self.config.sampler.temperature)
+        if reason is not None:
+            self.reader.dead_letter(entry.entry_id, reason, group.SerializeToString())
+            return
+        consumed.entry_ids.append(entry.entry_id)
         staleness = self.state.policy_version - group.policy_version
         if staleness > self.config.trainer.max_staleness:
             for i in ids:
@@ -175,6 +186,26 @@ class Trainer:
             )
         )
 
+    def continue_above(self, published: int) -> None:
+        """Resume versions above ``published`` (the highest ever published, 0 when none).
+
+        Versions above the checkpoint's came from steps lost in a crash (a step publishes before it
+        checkpoints): their numbers are never reused for other weights, so the resumed weights go out at
+        once as ``published + 1`` and samplers leave the lost branch. Every rank calls this when sharded.
+        """
+        if published <= self.state.policy_version:
+            if self.admission is not None:
+                self.admission.set_trainer_version(self.state.policy_version)
+            self.metrics.policy_version.labels(role="trainer").set(self.state.policy_version)
+            return
+        log.warning(
+            "versions %d..%d were published from steps after checkpoint step %d (lost); publishing the resumed "
+            "weights as version %d",
+            self.state.policy_version + 1, published, self.state.step, published + 1,
+        )  # fmt: skip
+        self.state.policy_version = published
+        self.publish()
+
     def publish(self) -> None:
         """Publish the next version (sharded: every rank helps gather it, rank 0 sends it)."""
         version = self.state.policy_version + 1
@@ -198,6 +229,7 @@ class Trainer:
         """Persist the step, then acknowledge and trim the entries it consumed (DESIGN.md §5)."""
         self.state.trained = self.ledger.ids()
         self.state.stale_dropped = self.dropped.ids()
+        self.state.provenance = self.provenance
         checkpoint.save(self.config.trainer.checkpoint_dir, self.model, self.optimizer, self.state, shard=self.shard)
         if not self.leader:
             return

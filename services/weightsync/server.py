@@ -303,14 +303,14 @@ class WeightSyncServer:
         rpc.add_WeightSyncServicer_to_server(SyncServicer(self.sync, versions_only=True), publish)
         samplers = self._server("fetch")
         _add_weight_sync(SyncServicer(self.sync), samplers)
-        tls = {"cert_file": c.tls_cert_file, "key_file": c.tls_key_file}
+        tls = {"cert_file": c.tls_cert_file, "key_file": c.tls_key_file, "client_ca_file": c.tls_client_ca_file}
         self.publish_port = add_port(publish, _address(c.host, c.publish_port), **tls)
         self.port = add_port(samplers, _address(c.host, c.port), **tls)
         for server in self._servers:
             server.start()
         for service in ("", "nibble.wire.WeightPublisher", "nibble.wire.WeightSync"):
             self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
-        self._http = self.metrics.serve(c.metrics_port, c.host)
+        self._http = self.metrics.serve(c.metrics_port, c.host, keys=("weightsync.host", "weightsync.metrics_port"))
         self.metrics_port = self._http.server_port
 
     def stop(self, grace: float | None = None) -> None:

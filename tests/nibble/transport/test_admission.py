@@ -15,7 +15,7 @@ def test_concurrent_reservers_never_exceed_allowed_and_release_reopens_slots(str
 
     def sampler():
         barrier.wait()
-        taken.append(sum(counter.reserve(allowed=25) for _ in range(10)))
+        taken.append(sum(counter.reserve(allowed=25, holder="s") for _ in range(10)))
 
     threads = [threading.Thread(target=sampler) for _ in range(8)]
     for thread in threads:
@@ -23,11 +23,11 @@ def test_concurrent_reservers_never_exceed_allowed_and_release_reopens_slots(str
     for thread in threads:
         thread.join()
     assert sum(taken) == 25 and counter.started() == 25
-    assert not counter.reserve(25)
+    assert not counter.reserve(25, "s")
     counter.release(3)
     assert counter.started() == 22
-    assert [counter.reserve(25) for _ in range(4)] == [True, True, True, False]
-    assert counter.reserve(26)  # a new version raises the allowance
+    assert [counter.reserve(25, "s") for _ in range(4)] == [True, True, True, False]
+    assert counter.reserve(26, "s")  # a new version raises the allowance
     counter.release(100)  # more than started: clamped, never negative
     assert counter.started() == 0
     with pytest.raises(ValueError, match="-1 slots"):
