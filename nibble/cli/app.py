@@ -41,7 +41,7 @@ def user_errors(func: F) -> F:
 
 def main() -> None:
     """Console-script entry point."""
-    from nibble.cli import mismatch, quant_error, report, run, sft, simulate, weightsync  # noqa: F401  (each registers a sub-command)
+    from nibble.cli import health, mismatch, quant_error, report, run, sft, simulate, weightsync  # noqa: F401  (each registers a sub-command)
 
     app(prog_name="nibble")
     sys.exit(0)

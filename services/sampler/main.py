@@ -33,6 +33,7 @@ def build(config, name: str, out: Path | None):
     from nibble.sampler.service import Sampler
     from nibble.tasks import get_task
     from nibble.transport import AdmissionCounter, TrajectoryWriter, connect, subscriber_from_config
+    from nibble.transport.presence import SamplerRegistry
 
     torch.set_num_threads(config.sampler.threads)
     checkpoint = config.model.checkpoint
@@ -51,6 +52,7 @@ def build(config, name: str, out: Path | None):
         engine,
         TrajectoryWriter(client, config.redis),
         AdmissionCounter(client, config.redis),
+        SamplerRegistry(client, config.redis),
         subscriber,
         metrics,
         name=name,
@@ -68,10 +70,19 @@ def stats_file(out: Path | None, name: str) -> Path | None:
 def main(argv: list[str] | None = None) -> int:
     args, config = parse(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.name} %(levelname)s %(message)s")
+    from nibble.transport.health import start_health
+
+    health = start_health(config.sampler.metrics_host, config.sampler.health_port)
     sampler = build(config, args.name, args.out)
     signal.signal(signal.SIGTERM, lambda *_: sampler.stop.set())
     signal.signal(signal.SIGINT, lambda *_: sampler.stop.set())
-    sampler.run()
+    if health is not None:
+        health.serving()
+    try:
+        sampler.run()
+    finally:
+        if health is not None:
+            health.stop()
     return 0
 
 

@@ -18,6 +18,7 @@ from nibble.sampler.engine import Engine
 from nibble.sampler.groups import build_group
 from nibble.tasks import Task
 from nibble.transport import AdmissionCounter, TrajectoryWriter, WeightSubscriber, allowed_groups
+from nibble.transport.presence import SamplerRegistry
 
 log = logging.getLogger("nibble.sampler")
 
@@ -45,6 +46,7 @@ class Sampler:
         engine: Engine,
         writer: TrajectoryWriter,
         admission: AdmissionCounter,
+        registry: SamplerRegistry,
         subscriber: WeightSubscriber | None,
         metrics: Metrics,
         name: str = "sampler",
@@ -52,6 +54,7 @@ class Sampler:
     ):
         self.config, self.task, self.engine = config, task, engine
         self.writer, self.admission, self.subscriber, self.metrics = writer, admission, subscriber, metrics
+        self.registry = registry
         self.sampler_id = f"{name}-{uuid.uuid4().hex[:8]}"  # unique per process: trajectory ids never repeat
         self.stop = threading.Event()
         self.stats = SamplerStats()
@@ -191,9 +194,25 @@ class Sampler:
         tmp.write_text(json.dumps(record) + "\n")
         tmp.replace(self.stats_file)
 
+    def heartbeat(self) -> None:
+        """Background thread: tell the trainer this sampler is alive until ``stop``, then leave at once."""
+        while True:
+            try:
+                self.registry.beat(self.sampler_id)
+            except Exception as exc:  # a missed beat only ages this sampler out; the main loop reports Redis
+                log.warning("heartbeat of %s failed: %s", self.sampler_id, exc)
+            if self.stop.wait(self.config.redis.sampler_heartbeat_seconds):
+                break
+        try:
+            self.registry.leave(self.sampler_id)
+        except Exception as exc:
+            log.warning("%s could not leave the live samplers (it ages out): %s", self.sampler_id, exc)
+
     def run(self, idle_sleep: float = 0.05, stats_every: float = 2.0) -> None:
         watcher = threading.Thread(target=self.watch_versions, name="weight-watch", daemon=True)
         watcher.start()
+        heart = threading.Thread(target=self.heartbeat, name="heartbeat", daemon=True)
+        heart.start()
         last = 0.0
         while not self.stop.is_set():
             if not self.step():
@@ -203,4 +222,5 @@ class Sampler:
                 last = time.monotonic()
         if self.subscriber is not None:
             self.subscriber.close()  # ends the watch thread
+        heart.join(timeout=self.config.redis.connect_timeout_seconds)
         self.write_stats()

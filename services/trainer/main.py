@@ -66,20 +66,33 @@ def build(config, out: Path, stop: threading.Event):
     state = checkpoint.load_state(resume) if resume is not None else checkpoint.TrainerState()
     task = get_task(config.task.name, **config.task.options)
     metrics = Metrics("trainer")
-    services = (None, None, None)
+    services = (None, None, None, None)
     if shard is None or shard.rank == 0:
         services = _connect(config, metrics, state)
     if shard is not None:
         state.policy_version = sharded.broadcast(state.policy_version)
-    reader, admission, publisher = services
+    reader, admission, samplers, publisher = services
     return Trainer(
-        config, task, model, optimizer, state, reader, admission, publisher, metrics, out, stop=stop, shard=shard
+        config,
+        task,
+        model,
+        optimizer,
+        state,
+        reader,
+        admission,
+        samplers,
+        publisher,
+        metrics,
+        out,
+        stop=stop,
+        shard=shard,
     )
 
 
 def _connect(config, metrics, state):
-    """Rank 0's links to the outside: metrics endpoint, the stream, admission, weight-sync."""
+    """Rank 0's links to the outside: metrics endpoint, the stream, admission, live samplers, weight-sync."""
     from nibble.transport import AdmissionCounter, TrajectoryReader, connect, publisher_from_config
+    from nibble.transport.presence import SamplerRegistry
 
     port = metrics.serve(config.trainer.metrics_port, config.trainer.metrics_host).server_port
     logging.getLogger("nibble").info("metrics on http://127.0.0.1:%d/metrics", port)
@@ -94,7 +107,7 @@ def _connect(config, metrics, state):
     publisher = publisher_from_config(config.weightsync)
     state.policy_version = max(state.policy_version, publisher.latest_version())
     admission.set_trainer_version(state.policy_version)
-    return reader, admission, publisher
+    return reader, admission, SamplerRegistry(client, config.redis), publisher
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,7 +122,17 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    finished = trainer.run()
+    from nibble.transport.health import start_health
+
+    # Rank 0 alone answers health checks (one port per pod); it is SERVING once everything is built.
+    health = start_health(config.trainer.metrics_host, config.trainer.health_port) if trainer.leader else None
+    if health is not None:
+        health.serving()
+    try:
+        finished = trainer.run()
+    finally:
+        if health is not None:
+            health.stop()
     if trainer.shard is not None:
         from nibble.trainer import sharded
 
