@@ -28,7 +28,10 @@ class HealthServer:
         self.host, self.port = host, port
         self._servicer = health.HealthServicer(experimental_non_blocking=True)
         self._servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-        self._server = grpc.server(ThreadPoolExecutor(2, thread_name_prefix="health"))
+        # no SO_REUSEPORT: a second process on the same port must fail, not share the probes
+        self._server = grpc.server(
+            ThreadPoolExecutor(2, thread_name_prefix="health"), options=[("grpc.so_reuseport", 0)]
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self._servicer, self._server)
 
     def start(self) -> HealthServer:

@@ -30,5 +30,5 @@ def test_samplers_count_while_they_beat_and_age_out_when_silent(redis_server):
 
 
 def test_timeout_must_exceed_heartbeat():
-    with pytest.raises(ValueError, match="sampler_timeout_seconds=5.0 must exceed"):
+    with pytest.raises(ValueError, match=r"sampler_timeout_seconds=5\.0 must exceed"):
         RedisConfig(sampler_heartbeat_seconds=5.0, sampler_timeout_seconds=5.0)
