@@ -80,25 +80,26 @@ CMD ["--help"]
 # -- one target per service: its command, ports and a gRPC health check --------------------------------
 # Each service reads /etc/nibble/config.yaml (mount one; NIBBLE_* variables override its keys) and serves
 # gRPC health checking (weight-sync on its fetch port, the others on health_port, which the config must
-# set), which `nibble health --config ... --role ...` asks on the port that config names.
+# set), which `nibble health --config ... --role ...` asks on the port that config names. The shell
+# form (CMD-SHELL) because podman 4.3 fails exec-form health checks of images built by buildah.
 
 FROM runtime AS weightsync
 EXPOSE 50051 50052 9400
 HEALTHCHECK --interval=15s --timeout=10s --start-period=60s --retries=3 \
-    CMD ["nibble", "health", "--config", "/etc/nibble/config.yaml", "--role", "weightsync"]
+    CMD nibble health --config /etc/nibble/config.yaml --role weightsync
 ENTRYPOINT ["python", "-m", "nibble.weightsync"]
 CMD ["--config", "/etc/nibble/config.yaml"]
 
 FROM runtime AS trainer
 EXPOSE 9401 50061
 HEALTHCHECK --interval=15s --timeout=10s --start-period=300s --retries=3 \
-    CMD ["nibble", "health", "--config", "/etc/nibble/config.yaml", "--role", "trainer"]
+    CMD nibble health --config /etc/nibble/config.yaml --role trainer
 ENTRYPOINT ["python", "-m", "nibble.trainer"]
 CMD ["--config", "/etc/nibble/config.yaml", "--out", "/data/out"]
 
 FROM runtime AS sampler
 EXPOSE 9402 50062
 HEALTHCHECK --interval=15s --timeout=10s --start-period=300s --retries=3 \
-    CMD ["nibble", "health", "--config", "/etc/nibble/config.yaml", "--role", "sampler"]
+    CMD nibble health --config /etc/nibble/config.yaml --role sampler
 ENTRYPOINT ["python", "-m", "nibble.sampler"]
 CMD ["--config", "/etc/nibble/config.yaml"]
