@@ -369,6 +369,7 @@ def test_notes_name_the_release_s_objects(tmp_path):
     notes = render_notes(tmp_path / "gpu", "trainer.gpusPerPod=4")
     assert f"kubectl -n {NAMESPACE} logs -f job/{FULLNAME}-trainer" in notes
     assert "4 process(es) on 4 GPU(s)" in notes and "must be inside the image" in notes
+    assert f"upgrade {RELEASE} <chart> --reuse-values --set samplers.replicas=N" in notes
     notes = render_notes(tmp_path / "cpu", "trainer.gpusPerPod=0", "model.existingClaim=w", "secrets.existingSecret=s")
     assert "one CPU process" in notes and "inside the image" not in notes and "Secret" not in notes
 
