@@ -54,6 +54,8 @@ CASES = {
         "weightsync.podAnnotations.team=rl",
         "samplers.podDisruptionBudget.enabled=false",
     ),
+    "autoscaling (HPA)": ("samplers.autoscaling.enabled=true",),
+    "autoscaling (KEDA)": ("samplers.autoscaling.enabled=true", "samplers.autoscaling.keda=true"),
 }
 
 
@@ -281,6 +283,42 @@ def test_samplers_have_a_disruption_budget():
     assert not [o for o in render("samplers.podDisruptionBudget.enabled=false") if o["kind"] == "PodDisruptionBudget"]
 
 
+def test_autoscaling_takes_the_replica_count_from_nibble_sampler_demand():
+    fixed = find(render(), "Deployment", "sampler")
+    assert fixed["spec"]["replicas"] == 2
+    assert not [o for o in render() if o["kind"] in ("HorizontalPodAutoscaler", "ScaledObject")]
+
+    objects = render("samplers.autoscaling.enabled=true", "samplers.autoscaling.maxReplicas=32")
+    assert "replicas" not in find(objects, "Deployment", "sampler")["spec"]  # helm upgrade never fights the HPA
+    hpa = find(objects, "HorizontalPodAutoscaler", "sampler")["spec"]
+    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": f"{FULLNAME}-sampler"}
+    assert (hpa["minReplicas"], hpa["maxReplicas"]) == (1, 32)
+    (metric,) = hpa["metrics"]
+    assert metric["external"]["metric"] == {
+        "name": "nibble_sampler_demand",
+        "selector": {"matchLabels": {"namespace": NAMESPACE}},
+    }
+    assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": "1"}  # a sampler per unit
+
+    keda = render("samplers.autoscaling.enabled=true", "samplers.autoscaling.keda=true")
+    assert "replicas" not in find(keda, "Deployment", "sampler")["spec"]
+    scaled = find(keda, "ScaledObject", "sampler")["spec"]
+    assert scaled["scaleTargetRef"] == {"name": f"{FULLNAME}-sampler"}
+    (trigger,) = scaled["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metadata"]["threshold"] == "1"
+    assert trigger["metadata"]["query"] == f'max(nibble_sampler_demand{{namespace="{NAMESPACE}"}})'
+    assert not [o for o in keda if o["kind"] == "HorizontalPodAutoscaler"]
+    own = render("samplers.autoscaling.enabled=true", "samplers.autoscaling.keda=true", "samplers.autoscaling.query=q")
+    assert find(own, "ScaledObject", "sampler")["spec"]["triggers"][0]["metadata"]["query"] == "q"
+    broken = dict(
+        find(keda, "ScaledObject", "sampler"), spec={"triggers": [{"type": "prometheus", "metadata": {"a": 1}}]}
+    )
+    assert problems(broken) == [
+        "spec.scaleTargetRef.name: a string is required",
+        "spec.triggers.0.metadata: a mapping of strings is required",
+    ]
+
+
 # --- the run config, services, metrics, secrets ---------------------------------------------------------
 
 
@@ -433,6 +471,15 @@ BAD_VALUES = [
     (("samplers.healthPort=9402",), (), "samplers.metricsPort and samplers.healthPort are both 9402"),
     (("securityContext.runAsUser=0",), (), "securityContext.runAsUser: Must be greater than or equal to 1"),
     (("samplers.gpusPerPod=9",), (), "samplers.gpusPerPod: Must be less than or equal to 8"),
+    (
+        (
+            "samplers.autoscaling.enabled=true",
+            "samplers.autoscaling.minReplicas=5",
+            "samplers.autoscaling.maxReplicas=4",
+        ),
+        (),
+        "samplers.autoscaling.minReplicas (5) must not exceed maxReplicas (4)",
+    ),
     (("trainer.gpusPerPod=16",), (), "trainer.gpusPerPod: Must be less than or equal to 8"),
     (("trainer.resources.limits.nvidia\\.com/gpu=2",), (), "GPUs come from gpusPerPod"),
 ]

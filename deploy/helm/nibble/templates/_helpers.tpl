@@ -136,6 +136,10 @@ and weight-sync's pods) alone; the trainer counts live samplers from their heart
 {{- fail (printf "%s.metricsPort and %s.healthPort are both %v; they share one pod and must differ" $role $role $v.metricsPort) -}}
 {{- end -}}
 {{- end -}}
+{{- $auto := .Values.samplers.autoscaling -}}
+{{- if and $auto.enabled (gt (int $auto.minReplicas) (int $auto.maxReplicas)) -}}
+{{- fail (printf "samplers.autoscaling.minReplicas (%v) must not exceed maxReplicas (%v)" $auto.minReplicas $auto.maxReplicas) -}}
+{{- end -}}
 {{- if not (kindIs "map" .Values.config) -}}
 {{- fail "config must be a mapping (the run configuration, as in configs/*.yaml)" -}}
 {{- end -}}
