@@ -36,7 +36,8 @@ def e2m1_rne(x: torch.Tensor) -> torch.Tensor:
             (callers validate); it would encode as +0.
     Returns:
         uint8 tensor of the same shape holding one unpacked 4-bit code per element (0..15). The sign
-        bit follows ``signbit(x)``, so −0.0 and small negatives that round to zero give 0b1000.
+        bit is set for ``x < 0``, as Transformer Engine decides it: small negatives that round to zero
+        give 0b1000 (−0), an exact −0.0 gives 0b0000.
 
     Source: DESIGN.md §2.1 (grid and ties of the OCP Microscaling Formats v1.0 spec, FP4 E2M1).
     """
@@ -46,7 +47,7 @@ def e2m1_rne(x: torch.Tensor) -> torch.Tensor:
         code += (mag > midpoint).to(torch.uint8)
     for midpoint in _E2M1_MIDPOINTS_INCLUSIVE:
         code += (mag >= midpoint).to(torch.uint8)
-    return code | (torch.signbit(x).to(torch.uint8) << 3)
+    return code | ((x < 0).to(torch.uint8) << 3)
 
 
 def e2m1_stochastic(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -54,7 +55,7 @@ def e2m1_stochastic(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor
 
     ``|x|`` is clamped to 6, then rounded up to the next grid point with probability equal to its
     fractional distance from the lower neighbour, so ``E[value(code)] = clamp(x, -6, 6)``. The sign
-    is kept as in :func:`e2m1_rne`.
+    bit is set as in :func:`e2m1_rne`.
 
     Args:
         x: float32 tensor of any shape (already scaled).
@@ -69,7 +70,7 @@ def e2m1_stochastic(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor
     p_up = (mag - lo) / (hi - lo)
     u = torch.rand(x.shape, generator=generator, device=x.device, dtype=torch.float32)
     code = (lower + (u < p_up).to(lower.dtype)).to(torch.uint8)
-    return code | (torch.signbit(x).to(torch.uint8) << 3)
+    return code | ((x < 0).to(torch.uint8) << 3)
 
 
 def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:

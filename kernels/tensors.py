@@ -10,6 +10,9 @@ from .codecs import e2m1_decode, unpack_e2m1
 from .validation import check_output_dtype
 
 NVFP4_BLOCK = 16
+# The NVFP4 numerics a stored or streamed quantised payload follows; bump when DESIGN.md §2.2-2.3 change a
+# bit. 1: Nibble's own operation order (until 2026-11-30); 2: Transformer Engine 2.20.2's convention.
+NVFP4_FORMAT_VERSION = 2
 MXFP8_BLOCK = 32
 
 

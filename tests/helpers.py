@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import itertools
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -153,12 +154,106 @@ def map_to_4_scale_order() -> torch.Tensor:
     return torch.tensor([[7.3] + [0.0] * 15, [bmax] + [bmax * 5 / 6] * 15])
 
 
-def floor_rows() -> torch.Tensor:
-    """Rows whose amax is 2^-100 (kept), one ulp below it (zeroed) and 2^-95 (kept)."""
-    base = gaussian((3, 32), 9)
+def tiny_rows() -> torch.Tensor:
+    """Rows whose amax is 2^-100 (all scales normal), 2^-115 (the decode scale ``g`` is a float32
+    subnormal), 2^-125 (``S = 6E/amax`` saturates at FLT_MAX) and 2^-135 (the elements are subnormal)."""
+    base = gaussian((4, 32), 9)
     base = base / base.abs().amax(dim=-1, keepdim=True)
-    below = float(np.nextafter(np.float32(2.0**-100), np.float32(0)))
-    return base * torch.tensor([[2.0**-100], [below], [2.0**-95]])
+    return base * torch.tensor([[2.0**-100], [2.0**-115], [2.0**-125], [2.0**-135]])
+
+
+def e4m3_scale_ties(rows: int, k: int, *, four_over_six: bool, seed: int = 0) -> torch.Tensor:
+    """Rows of amax ``a`` (the same for every row, so per-tensor and per-token scales agree) whose other
+    blocks have a maximum for which the block scale's float32 product lands exactly on an E4M3 midpoint:
+    ``bmax · (S · fl(1/6))`` for plain NVFP4, ``(bmax / 6) · S`` or its ``× 1.5`` with 4/6. Those are the
+    blocks where the order of the scale's float32 operations decides the stored byte."""
+    f = np.float32
+    gen = np.random.default_rng(seed)
+    e = f(256.0) if four_over_six else f(448.0)
+    amax = f(gen.uniform(0.5, 2.0))
+    s = min(f(e * f(6)) / amax, np.finfo(f).max)
+    mids = [f((a + b) / 2) for a, b in _e4m3_neighbours()]
+    nb = k // 16
+    x = (gen.standard_normal((rows, nb, 16)) * 0.05).astype(f)
+    x[:, 0, :] = 0
+    x[:, 0, 0] = amax
+    for r in range(rows):
+        for b in range(1, nb):
+            target = mids[gen.integers(len(mids))]
+            tripled = four_over_six and gen.random() < 0.5
+            bmax = _solve_block_max(target, s, four_over_six, tripled)
+            if bmax is None or bmax > amax:
+                continue
+            x[r, b] = np.clip(x[r, b], -bmax, bmax)
+            x[r, b, gen.integers(16)] = bmax if gen.random() < 0.5 else -bmax
+    return torch.from_numpy(x.reshape(rows, k))
+
+
+def _e4m3_neighbours() -> list[tuple[float, float]]:
+    """Adjacent positive E4M3 values (subnormals included) up to 448."""
+    values = torch.arange(1, 0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn).float().tolist()
+    return list(itertools.pairwise(values))
+
+
+def _solve_block_max(target, s, four_over_six: bool, tripled: bool):
+    """A float32 ``bmax`` whose block-scale product (as TE evaluates it) equals ``target`` exactly, or None."""
+    f = np.float32
+    if four_over_six:
+        product = (lambda b: f(f(f(b / f(6)) * s) * f(1.5))) if tripled else (lambda b: f(f(b / f(6)) * s))
+        guess = f(target / f(1.5) * f(6) / s) if tripled else f(target * f(6) / s)
+    else:
+        multiplier = f(s * f(f(1) / f(6)))
+        product = lambda b: f(b * multiplier)  # noqa: E731
+        guess = f(target / multiplier)
+    candidate = guess
+    for _ in range(8):
+        candidate = np.nextafter(candidate, f(0))
+    for _ in range(17):
+        if product(candidate) == target:
+            return candidate
+        candidate = np.nextafter(candidate, f(np.inf))
+    return None
+
+
+def signed_zeros(rows: int, k: int, seed: int = 0) -> torch.Tensor:
+    """Gaussian rows with exact −0.0 and +0.0 elements, tiny negatives that round to −0, a block of only
+    −0.0 and a row of only −0.0 (TE codes −0.0 as +0 but a scaled value in [−0.25, −0) as −0)."""
+    x = gaussian((rows, k), seed)
+    gen = torch.Generator().manual_seed(seed)
+    pick = torch.rand(rows, k, generator=gen)
+    x = torch.where(pick < 0.1, torch.full_like(x, -0.0), x)
+    x = torch.where((pick >= 0.1) & (pick < 0.15), torch.zeros_like(x), x)
+    x = torch.where((pick >= 0.15) & (pick < 0.2), -x.abs() * 1e-3, x)
+    x[0, :16] = -0.0
+    x[1] = -0.0
+    return x
+
+
+def underflowing_blocks(rows: int, k: int, seed: int = 0) -> torch.Tensor:
+    """Rows with one large element and blocks so small beside it that their E4M3 scale rounds to 0; TE then
+    encodes with ``min(1/0, FLT_MAX)`` and codes nonzero elements as ±6 or near it (they decode to ±0).
+    Some blocks hold elements large enough that ``x · FLT_MAX`` overflows to ±inf before the clamp."""
+    x = gaussian((rows, k), seed) * 1e-4
+    x[:, 0] = torch.tensor([3.0e38, 1.0e30, 1.0e6, 6.0e4])[torch.arange(rows) % 4]
+    x[:, 16:32] = gaussian((rows, 16), seed + 1) * 1e-30
+    x[:, 32:48] = gaussian((rows, 16), seed + 2)
+    return x
+
+
+def outlier_activations(rows: int, k: int, seed: int = 0, dtype=torch.bfloat16) -> torch.Tensor:
+    """Activation-like rows: unit Gaussian with a few channels 20–200× larger (the outlier features of LLM
+    activations), cast to ``dtype``."""
+    x = gaussian((rows, k), seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    channels = torch.randint(k, (8,), generator=gen)
+    x[:, channels] *= torch.linspace(20, 200, 8)
+    return x.to(dtype)
+
+
+def rows_of_distant_magnitude(rows: int, k: int, seed: int = 0) -> torch.Tensor:
+    """Gaussian rows scaled by 2^-30, 1 and 2^30 in turn (per-token amaxes 2^±30 apart)."""
+    scale = torch.tensor([2.0**-30, 1.0, 2.0**30])[torch.arange(rows) % 3].unsqueeze(-1)
+    return gaussian((rows, k), seed) * scale
 
 
 def trajectory_group(
@@ -205,7 +300,9 @@ def parity_inputs(dtype, max_rows: int | None = None):
         "near_midpoints": near_midpoints(256, 5),
         "four_over_six_near_ties": four_over_six_near_ties(2048, 6),
         "map_to_4_scale_order": map_to_4_scale_order(),
-        "floor_rows": floor_rows(),
+        "tiny_rows": tiny_rows(),
+        "signed_zeros": signed_zeros(8, 64, 7),
+        "underflowing_blocks": underflowing_blocks(4, 64, 8),
     }
     limit = torch.finfo(dtype).max / 2
     return {name: x[:max_rows].clamp(-limit, limit).to(dtype) for name, x in cases.items()}

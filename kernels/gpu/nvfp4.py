@@ -5,11 +5,10 @@ from __future__ import annotations
 import torch
 import triton
 
+from ..reference.nvfp4 import E_FOUR_OVER_SIX, E_STANDARD, global_encode_scale
 from ..tensors import NVFP4_BLOCK, NVFP4Tensor
 from .nvfp4_quantize import nvfp4_dequantize_kernel, nvfp4_quantize_kernel
 
-E_STANDARD = 448.0
-E_FOUR_OVER_SIX = 256.0
 # Rows of up to this many 16-element blocks are quantised by one program that also reduces their amax.
 _MAX_ROW_BLOCKS = 4096
 # Elements per chunk: what one step keeps in registers without spilling (4/6 holds several candidates).
@@ -40,6 +39,10 @@ def quantize(
     k = shape[-1]
     kb = k // NVFP4_BLOCK
     rows = x.reshape(-1, k)
+    if not rows.is_cuda:
+        # The interpreter widens 16-bit subnormals wrongly (2^-130 in bfloat16 loads as 0): widen with torch,
+        # which is exact, as the kernel's own load is on a GPU.
+        rows = rows.to(torch.float32)
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     m = rows.shape[0]
@@ -83,8 +86,9 @@ def quantize(
             num_warps=4,
             enable_fp_fusion=False,
         )
-    elif not per_token:
-        g.fill_(1.0)
+    elif not per_token:  # an empty tensor's amax is 0, as for an all-zero one
+        s = global_encode_scale(torch.zeros((1,), device=device), E_FOUR_OVER_SIX if four_over_six else E_STANDARD)
+        g.copy_(torch.ones_like(s) / s)
     tensor = NVFP4Tensor(
         codes=codes.reshape(*shape[:-1], k // 2),
         block_scales=scale_bytes.view(torch.float8_e4m3fn).reshape(*shape[:-1], kb),

@@ -20,7 +20,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-AMAX_FLOOR = tl.constexpr(2.0**-100)
+FLT_MAX = tl.constexpr(3.4028234663852886e38)
+ONE_SIXTH = tl.constexpr(0.1666666716337204)  # fl(1/6): the float32 nearest to 1/6, exact as a literal
 
 
 @triton.jit
@@ -55,12 +56,13 @@ def e4m3_decode(byte):
 
 @triton.jit
 def e2m1_code(v):
-    """E2M1 code (uint8, 0..15) of float32 ``v``: nearest grid point, ties to the even code, sign kept."""
+    """E2M1 code (uint8, 0..15) of float32 ``v``: nearest grid point, ties to the even code; the sign bit is
+    set for ``v < 0`` (an exact −0.0 codes as +0, as in Transformer Engine)."""
     mag = tl.abs(v)
     code = (mag > 0.25).to(tl.int32) + (mag >= 0.75).to(tl.int32) + (mag > 1.25).to(tl.int32)
     code += (mag >= 1.75).to(tl.int32) + (mag > 2.5).to(tl.int32) + (mag >= 3.5).to(tl.int32)
     code += (mag > 5.0).to(tl.int32)
-    sign = (v.to(tl.int32, bitcast=True) >> 31) & 1
+    sign = (v < 0.0).to(tl.int32)
     return (code | (sign << 3)).to(tl.uint8)
 
 
@@ -112,12 +114,12 @@ def _sum16_in_order(t, BM: tl.constexpr, NB: tl.constexpr):
 
 @triton.jit
 def _encode(x, sf, g):
-    """Codes ``[BM, NB, 16]`` of ``x`` under block scales ``sf [BM, NB]`` and decode scales ``g [BM, 1]``."""
+    """Codes ``[BM, NB, 16]`` of ``x`` under block scales ``sf [BM, NB]`` and decode scales ``g [BM, 1]``;
+    a zero scale gives an infinite reciprocal, saturated at FLT_MAX as TE does."""
     denom = sf * g
-    zero_block = sf == 0.0
-    recip = tl.div_rn(tl.full(denom.shape, 1.0, tl.float32), tl.where(zero_block, 1.0, denom))
-    codes = e2m1_code(x * recip[:, :, None])
-    return tl.where(zero_block[:, :, None], 0, codes).to(tl.uint8)
+    encode = tl.minimum(tl.div_rn(tl.full(denom.shape, 1.0, tl.float32), denom), FLT_MAX)
+    scaled = tl.minimum(tl.maximum(x * encode[:, :, None], -6.0), 6.0)
+    return e2m1_code(scaled)
 
 
 @triton.jit
@@ -154,11 +156,11 @@ def _quantize_chunk(
     blocks = chunk * CHUNK + tl.arange(0, CHUNK)
     block_ok = blocks < KB
     bmax = tl.max(tl.abs(x), axis=2)  # [BM, CHUNK]
-    over6 = tl.div_rn(bmax, tl.full(bmax.shape, 6.0, tl.float32))
-    sf, sf_byte = e4m3_round(tl.minimum(over6 * encode[:, None], 448.0))
-    codes = _encode(x, sf, g[:, None])
     if FOUR_OVER_SIX:
-        sf4, sf4_byte = e4m3_round(tl.minimum((1.5 * over6) * encode[:, None], 448.0))
+        base = tl.div_rn(bmax, tl.full(bmax.shape, 6.0, tl.float32)) * encode[:, None]
+        sf, sf_byte = e4m3_round(tl.minimum(base, 448.0))
+        sf4, sf4_byte = e4m3_round(tl.minimum(base * 1.5, 448.0))
+        codes = _encode(x, sf, g[:, None])
         codes4 = _encode(x, sf4, g[:, None])
         err6 = _block_error(codes, sf, amax, x, E * 6.0, MSE, BLOCK_M, CHUNK)
         err4 = _block_error(codes4, sf4, amax, x, E * 6.0, MSE, BLOCK_M, CHUNK)
@@ -171,6 +173,11 @@ def _quantize_chunk(
                 to4.to(tl.uint8),
                 mask=row_ok[:, None] & block_ok[None, :],
             )
+    else:
+        # TE folds 1/6 into the row's scale: bmax · (S · fl(1/6)), a different rounding from (bmax / 6) · S
+        multiplier = encode * ONE_SIXTH
+        sf, sf_byte = e4m3_round(tl.minimum(bmax * multiplier[:, None], 448.0))
+        codes = _encode(x, sf, g[:, None])
 
     nibble_weight = tl.where(tl.arange(0, 2) == 0, 1, 16)[None, None, None, :]
     packed = tl.sum(tl.reshape(codes.to(tl.int32), (BLOCK_M, CHUNK, 8, 2)) * nibble_weight, axis=3).to(tl.uint8)
@@ -222,9 +229,10 @@ def nvfp4_quantize_kernel(
         amax = tl.load(amax_ptr + rows, mask=row_ok, other=0.0)
     else:
         amax = tl.load(amax_ptr + rows * 0)
-    zero_outer = amax < AMAX_FLOOR
+    # S = min(6E / amax, FLT_MAX), 1 where 0; an all-zero row's amax 0 gives S = FLT_MAX, g = 2^-128
     six_e = tl.full(amax.shape, E * 6.0, tl.float32)
-    encode = tl.where(zero_outer, 1.0, tl.div_rn(six_e, tl.where(zero_outer, 1.0, amax)))
+    encode = tl.minimum(tl.div_rn(six_e, amax), FLT_MAX)
+    encode = tl.where(encode == 0.0, 1.0, encode)
     g = tl.div_rn(tl.full(encode.shape, 1.0, tl.float32), encode)
     for i in tl.range(0, NUM_CHUNKS):
         c = pid_k * NUM_CHUNKS + i

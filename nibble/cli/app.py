@@ -41,7 +41,17 @@ def user_errors(func: F) -> F:
 
 def main() -> None:
     """Console-script entry point."""
-    from nibble.cli import health, mismatch, quant_error, report, run, sft, simulate, weightsync  # noqa: F401  (each registers a sub-command)
+    from nibble.cli import (  # noqa: F401  (each registers a sub-command)
+        check_contract,
+        health,
+        mismatch,
+        quant_error,
+        report,
+        run,
+        sft,
+        simulate,
+        weightsync,
+    )
 
     app(prog_name="nibble")
     sys.exit(0)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
+from nibble.kernels.tensors import NVFP4_FORMAT_VERSION
 from nibble.transport.frames import ChunkFrame, chunk_frame_prefix
 from nibble.wire import pb
 
@@ -169,6 +170,7 @@ def encode(
         digest=whole.hexdigest(),
         plan=plan,
         quantized=quantized,
+        format_version=NVFP4_FORMAT_VERSION if quantized else 0,
     )
     return manifest, checksums
 
@@ -311,6 +313,12 @@ class WeightAssembler:
         if self.quantized is not None and manifest.quantized != self.quantized:
             raise WeightRejected(
                 "bad_manifest", f"version {version}: quantized={manifest.quantized}, expected {self.quantized}"
+            )
+        if manifest.quantized and manifest.format_version != NVFP4_FORMAT_VERSION:
+            raise WeightRejected(
+                "bad_manifest",
+                f"version {version}: quantised under NVFP4 format {manifest.format_version}, this build reads "
+                f"format {NVFP4_FORMAT_VERSION} (DESIGN.md §2.2); re-publish it from the trainer",
             )
         if manifest.total_bytes > self.max_bytes:
             raise WeightRejected(

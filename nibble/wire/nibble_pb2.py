@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18nibble/wire/nibble.proto\x12\x0bnibble.wire\"\x85\x01\n\x08Response\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\x0e\n\x06reward\x18\x04 \x01(\x01\x12\x30\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x19.nibble.wire.FinishReason\"\xe2\x01\n\x0fTrajectoryGroup\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x12\n\nexample_id\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x03(\x05\x12(\n\tresponses\x18\x04 \x03(\x0b\x32\x15.nibble.wire.Response\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x04\x12\x12\n\nsampler_id\x18\x06 \x01(\t\x12\x13\n\x0btemperature\x18\x07 \x01(\x01\x12\x12\n\nstarted_at\x18\x08 \x01(\x01\x12\x13\n\x0b\x66inished_at\x18\t \x01(\x01\"X\n\nTensorMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06nbytes\x18\x05 \x01(\x04\"\xad\x01\n\x0eWeightManifest\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12(\n\x07tensors\x18\x02 \x03(\x0b\x32\x17.nibble.wire.TensorMeta\x12\x13\n\x0b\x63hunk_count\x18\x03 \x01(\r\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x05 \x01(\t\x12\x0c\n\x04plan\x18\x06 \x01(\t\x12\x11\n\tquantized\x18\x07 \x01(\x08\"T\n\x0bWeightChunk\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x10\n\x08\x63hecksum\x18\x04 \x01(\t\"v\n\x10WeightStreamItem\x12/\n\x08manifest\x18\x01 \x01(\x0b\x32\x1b.nibble.wire.WeightManifestH\x00\x12)\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x18.nibble.wire.WeightChunkH\x00\x42\x06\n\x04item\">\n\x0cPublishReply\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x16\n\x0e\x62ytes_received\x18\x02 \x01(\x04\"9\n\x0cWatchRequest\x12\x15\n\rafter_version\x18\x01 \x01(\x04\x12\x12\n\nsampler_id\x18\x02 \x01(\t\"h\n\x13VersionAnnouncement\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x02 \x01(\t\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x04\x12\x14\n\x0cpublished_at\x18\x04 \x01(\x01\":\n\x0c\x46\x65tchRequest\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x12\n\nsampler_id\x18\x02 \x01(\t\"\x13\n\x11GetVersionRequest\"E\n\x0fGetVersionReply\x12\x16\n\x0elatest_version\x18\x01 \x01(\x04\x12\x1a\n\x12\x61vailable_versions\x18\x02 \x03(\x04*C\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x08\n\x04STOP\x10\x01\x12\n\n\x06LENGTH\x10\x02\x32_\n\x0fWeightPublisher\x12L\n\x0ePublishWeights\x12\x1d.nibble.wire.WeightStreamItem\x1a\x19.nibble.wire.PublishReply(\x01\x32\xf4\x01\n\nWeightSync\x12N\n\rWatchVersions\x12\x19.nibble.wire.WatchRequest\x1a .nibble.wire.VersionAnnouncement0\x01\x12J\n\x0c\x46\x65tchWeights\x12\x19.nibble.wire.FetchRequest\x1a\x1d.nibble.wire.WeightStreamItem0\x01\x12J\n\nGetVersion\x12\x1e.nibble.wire.GetVersionRequest\x1a\x1c.nibble.wire.GetVersionReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18nibble/wire/nibble.proto\x12\x0bnibble.wire\"\x85\x01\n\x08Response\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\x0e\n\x06reward\x18\x04 \x01(\x01\x12\x30\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x19.nibble.wire.FinishReason\"\xe2\x01\n\x0fTrajectoryGroup\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x12\n\nexample_id\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x03(\x05\x12(\n\tresponses\x18\x04 \x03(\x0b\x32\x15.nibble.wire.Response\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x04\x12\x12\n\nsampler_id\x18\x06 \x01(\t\x12\x13\n\x0btemperature\x18\x07 \x01(\x01\x12\x12\n\nstarted_at\x18\x08 \x01(\x01\x12\x13\n\x0b\x66inished_at\x18\t \x01(\x01\"X\n\nTensorMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06nbytes\x18\x05 \x01(\x04\"\xc5\x01\n\x0eWeightManifest\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12(\n\x07tensors\x18\x02 \x03(\x0b\x32\x17.nibble.wire.TensorMeta\x12\x13\n\x0b\x63hunk_count\x18\x03 \x01(\r\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x05 \x01(\t\x12\x0c\n\x04plan\x18\x06 \x01(\t\x12\x11\n\tquantized\x18\x07 \x01(\x08\x12\x16\n\x0e\x66ormat_version\x18\x08 \x01(\r\"T\n\x0bWeightChunk\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x10\n\x08\x63hecksum\x18\x04 \x01(\t\"v\n\x10WeightStreamItem\x12/\n\x08manifest\x18\x01 \x01(\x0b\x32\x1b.nibble.wire.WeightManifestH\x00\x12)\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x18.nibble.wire.WeightChunkH\x00\x42\x06\n\x04item\">\n\x0cPublishReply\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x16\n\x0e\x62ytes_received\x18\x02 \x01(\x04\"9\n\x0cWatchRequest\x12\x15\n\rafter_version\x18\x01 \x01(\x04\x12\x12\n\nsampler_id\x18\x02 \x01(\t\"h\n\x13VersionAnnouncement\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x02 \x01(\t\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x04\x12\x14\n\x0cpublished_at\x18\x04 \x01(\x01\":\n\x0c\x46\x65tchRequest\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x12\n\nsampler_id\x18\x02 \x01(\t\"\x13\n\x11GetVersionRequest\"E\n\x0fGetVersionReply\x12\x16\n\x0elatest_version\x18\x01 \x01(\x04\x12\x1a\n\x12\x61vailable_versions\x18\x02 \x03(\x04*C\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x08\n\x04STOP\x10\x01\x12\n\n\x06LENGTH\x10\x02\x32_\n\x0fWeightPublisher\x12L\n\x0ePublishWeights\x12\x1d.nibble.wire.WeightStreamItem\x1a\x19.nibble.wire.PublishReply(\x01\x32\xf4\x01\n\nWeightSync\x12N\n\rWatchVersions\x12\x19.nibble.wire.WatchRequest\x1a .nibble.wire.VersionAnnouncement0\x01\x12J\n\x0c\x46\x65tchWeights\x12\x19.nibble.wire.FetchRequest\x1a\x1d.nibble.wire.WeightStreamItem0\x01\x12J\n\nGetVersion\x12\x1e.nibble.wire.GetVersionRequest\x1a\x1c.nibble.wire.GetVersionReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'nibble.wire.nibble_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=1259
-  _globals['_FINISHREASON']._serialized_end=1326
+  _globals['_FINISHREASON']._serialized_start=1283
+  _globals['_FINISHREASON']._serialized_end=1350
   _globals['_RESPONSE']._serialized_start=42
   _globals['_RESPONSE']._serialized_end=175
   _globals['_TRAJECTORYGROUP']._serialized_start=178
@@ -40,25 +40,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TENSORMETA']._serialized_start=406
   _globals['_TENSORMETA']._serialized_end=494
   _globals['_WEIGHTMANIFEST']._serialized_start=497
-  _globals['_WEIGHTMANIFEST']._serialized_end=670
-  _globals['_WEIGHTCHUNK']._serialized_start=672
-  _globals['_WEIGHTCHUNK']._serialized_end=756
-  _globals['_WEIGHTSTREAMITEM']._serialized_start=758
-  _globals['_WEIGHTSTREAMITEM']._serialized_end=876
-  _globals['_PUBLISHREPLY']._serialized_start=878
-  _globals['_PUBLISHREPLY']._serialized_end=940
-  _globals['_WATCHREQUEST']._serialized_start=942
-  _globals['_WATCHREQUEST']._serialized_end=999
-  _globals['_VERSIONANNOUNCEMENT']._serialized_start=1001
-  _globals['_VERSIONANNOUNCEMENT']._serialized_end=1105
-  _globals['_FETCHREQUEST']._serialized_start=1107
-  _globals['_FETCHREQUEST']._serialized_end=1165
-  _globals['_GETVERSIONREQUEST']._serialized_start=1167
-  _globals['_GETVERSIONREQUEST']._serialized_end=1186
-  _globals['_GETVERSIONREPLY']._serialized_start=1188
-  _globals['_GETVERSIONREPLY']._serialized_end=1257
-  _globals['_WEIGHTPUBLISHER']._serialized_start=1328
-  _globals['_WEIGHTPUBLISHER']._serialized_end=1423
-  _globals['_WEIGHTSYNC']._serialized_start=1426
-  _globals['_WEIGHTSYNC']._serialized_end=1670
+  _globals['_WEIGHTMANIFEST']._serialized_end=694
+  _globals['_WEIGHTCHUNK']._serialized_start=696
+  _globals['_WEIGHTCHUNK']._serialized_end=780
+  _globals['_WEIGHTSTREAMITEM']._serialized_start=782
+  _globals['_WEIGHTSTREAMITEM']._serialized_end=900
+  _globals['_PUBLISHREPLY']._serialized_start=902
+  _globals['_PUBLISHREPLY']._serialized_end=964
+  _globals['_WATCHREQUEST']._serialized_start=966
+  _globals['_WATCHREQUEST']._serialized_end=1023
+  _globals['_VERSIONANNOUNCEMENT']._serialized_start=1025
+  _globals['_VERSIONANNOUNCEMENT']._serialized_end=1129
+  _globals['_FETCHREQUEST']._serialized_start=1131
+  _globals['_FETCHREQUEST']._serialized_end=1189
+  _globals['_GETVERSIONREQUEST']._serialized_start=1191
+  _globals['_GETVERSIONREQUEST']._serialized_end=1210
+  _globals['_GETVERSIONREPLY']._serialized_start=1212
+  _globals['_GETVERSIONREPLY']._serialized_end=1281
+  _globals['_WEIGHTPUBLISHER']._serialized_start=1352
+  _globals['_WEIGHTPUBLISHER']._serialized_end=1447
+  _globals['_WEIGHTSYNC']._serialized_start=1450
+  _globals['_WEIGHTSYNC']._serialized_end=1694
 # @@protoc_insertion_point(module_scope)

@@ -67,7 +67,7 @@ class TensorMeta(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class WeightManifest(_message.Message):
-    __slots__ = ("policy_version", "tensors", "chunk_count", "total_bytes", "digest", "plan", "quantized")
+    __slots__ = ("policy_version", "tensors", "chunk_count", "total_bytes", "digest", "plan", "quantized", "format_version")
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     CHUNK_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +75,7 @@ class WeightManifest(_message.Message):
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     QUANTIZED_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     policy_version: int
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
     chunk_count: int
@@ -82,7 +83,8 @@ class WeightManifest(_message.Message):
     digest: str
     plan: str
     quantized: bool
-    def __init__(self, policy_version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., chunk_count: _Optional[int] = ..., total_bytes: _Optional[int] = ..., digest: _Optional[str] = ..., plan: _Optional[str] = ..., quantized: _Optional[bool] = ...) -> None: ...
+    format_version: int
+    def __init__(self, policy_version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., chunk_count: _Optional[int] = ..., total_bytes: _Optional[int] = ..., digest: _Optional[str] = ..., plan: _Optional[str] = ..., quantized: _Optional[bool] = ..., format_version: _Optional[int] = ...) -> None: ...
 
 class WeightChunk(_message.Message):
     __slots__ = ("policy_version", "index", "data", "checksum")

@@ -17,7 +17,7 @@ import torch
 
 from nibble.kernels import MXFP8Tensor, NVFP4Tensor
 from nibble.kernels.nvfp4 import NVFP4_BLOCK, e4m3_rne
-from nibble.kernels.reference.nvfp4 import AMAX_FLOOR, E_FOUR_OVER_SIX
+from nibble.kernels.reference.nvfp4 import E_FOUR_OVER_SIX, global_encode_scale
 from nibble.recipe.export import SEPARATOR
 from nibble.recipe.plan import PrecisionPlan
 
@@ -91,8 +91,7 @@ def _slabs(
 
 def _map_to_4(x: torch.Tensor, block_scales: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
     """Blocks of ``x`` whose stored scale is not the map-to-6 candidate (the float32 ops of §2.2)."""
-    encode = torch.full_like(amax, E_FOUR_OVER_SIX * 6.0) / amax
-    encode = torch.where(amax < AMAX_FLOOR, torch.ones_like(amax), encode)
+    encode = global_encode_scale(amax, E_FOUR_OVER_SIX)
     bmax = x.reshape(*x.shape[:-1], x.shape[-1] // NVFP4_BLOCK, NVFP4_BLOCK).abs().amax(dim=-1)
     sf6 = e4m3_rne(bmax / torch.full_like(bmax, 6.0) * encode)
     return sf6.view(torch.uint8) != block_scales.view(torch.uint8)

@@ -5,8 +5,9 @@ One directory per version, ``v<version, 20 digits>/`` holding ``manifest.pb`` (t
 so serving a chunk is one read and no re-encoding) and ``index.json`` (each chunk message's length
 in bytes, the publication time). A version is written under a ``.tmp-*`` name, synced, and renamed into
 place, so a crash leaves either the whole version or nothing. On start-up every held version is
-verified again (a version whose bytes no longer match moves to ``.corrupt-*`` and is not served), and
-only the last ``keep_versions`` are kept.
+verified again (a version whose bytes no longer match moves to ``.corrupt-*``, one quantised under older
+NVFP4 numerics to ``.stale-format-*``; neither is served nor deleted), and only the last ``keep_versions``
+are kept.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import BinaryIO
 import torch
 from google.protobuf.message import DecodeError
 
+from nibble.kernels.tensors import NVFP4_FORMAT_VERSION
 from nibble.transport.frames import chunk_frame_prefix
 from nibble.transport.weights import check_chunk_bytes, encode
 from nibble.wire import pb
@@ -175,7 +177,8 @@ class WeightStore:
             try:
                 stored = _verify(path)
             except (OSError, ValueError, KeyError, DecodeError) as exc:
-                quarantine = self.root / f".corrupt-{path.name}-{int(time.time())}"
+                kind = "stale-format" if isinstance(exc, StaleFormat) else "corrupt"
+                quarantine = self.root / f".{kind}-{path.name}-{int(time.time())}"
                 log.warning("weight version in %s is not served (%s); moved to %s", path, exc, quarantine.name)
                 os.rename(path, quarantine)
                 continue
@@ -183,6 +186,10 @@ class WeightStore:
         if held:
             log.info("reloaded weight versions %s from %s", sorted(held), self.root)
         return held
+
+
+class StaleFormat(ValueError):
+    """A stored version quantised under other NVFP4 numerics than this build's (moved aside, not served)."""
 
 
 def _dirname(version: int) -> str:
@@ -196,6 +203,10 @@ def _verify(path: Path) -> StoredVersion:
     stored = StoredVersion(path, manifest, tuple(int(n) for n in index["frame_lengths"]), float(index["published_at"]))
     if path.name != _dirname(stored.version) or len(stored.frame_lengths) != manifest.chunk_count:
         raise ValueError(f"holds version {stored.version} in {len(stored.frame_lengths)} chunks")
+    if manifest.quantized and manifest.format_version != NVFP4_FORMAT_VERSION:
+        raise StaleFormat(
+            f"quantised under NVFP4 format {manifest.format_version}, this build serves format {NVFP4_FORMAT_VERSION}"
+        )
     whole = hashlib.sha256()
     with open(path / CHUNKS, "rb") as handle:
         for number, frame in enumerate(_frames(stored, handle)):

@@ -1,4 +1,4 @@
-"""DESIGN.md §2.2–2.3 written out literally in NumPy float32, as an independent second implementation.
+"""DESIGN.md §2.2–2.3 (TE's convention) written out literally in NumPy float32, as an independent second implementation.
 
 NumPy evaluates each float32 array operation with one IEEE rounding and never fuses a multiply-add, so
 this follows the spec's operation order exactly. Rounding to E4M3/E2M1 is done by nearest-value search
@@ -43,8 +43,9 @@ def e4m3(x: np.ndarray) -> np.ndarray:
 
 
 def e2m1_codes(v: np.ndarray) -> np.ndarray:
+    """Sign bit for ``v < 0`` only: an exact −0.0 codes as +0 (DESIGN.md §2.1)."""
     mag = np.minimum(np.abs(v), F(6))
-    return _nearest_even(mag, E2M1_VALUES) | (np.signbit(v).astype(np.int64) << 3)
+    return _nearest_even(mag, E2M1_VALUES) | ((v < 0).astype(np.int64) << 3)
 
 
 def e2m1_value(codes: np.ndarray) -> np.ndarray:
@@ -59,17 +60,19 @@ def quantize(x: np.ndarray, *, per_token: bool, four_over_six: str | None):
     bmax = np.abs(blocks).max(axis=-1)
     amax = bmax.max(axis=-1, keepdims=True) if per_token else np.full((1, 1), bmax.max(), dtype=F)
     e = F(256) if four_over_six else F(448)
-    zero = amax < F(2.0**-100)
-    with np.errstate(divide="ignore", over="ignore"):
-        s = np.where(zero, F(1), (e * F(6)) / amax).astype(F)
+    flt_max = np.finfo(F).max
+    with np.errstate(divide="ignore"):
+        s = np.minimum((e * F(6)) / amax, flt_max).astype(F)
+    s = np.where(s == 0, F(1), s).astype(F)
     g = (F(1) / s).astype(F)
 
     def encode(sf):
         denom = (sf * g).astype(F)
         with np.errstate(divide="ignore"):
-            recip = (F(1) / np.where(sf == 0, F(1), denom)).astype(F)
-        codes = e2m1_codes((blocks * recip[..., None]).astype(F))
-        return np.where((sf == 0)[..., None], 0, codes)
+            enc = np.minimum(F(1) / denom, flt_max).astype(F)
+        with np.errstate(over="ignore"):
+            scaled = np.clip((blocks * enc[..., None]).astype(F), F(-6), F(6))
+        return e2m1_codes(scaled)
 
     def error(codes, sf):
         d = ((e2m1_value(codes) * sf[..., None]).astype(F) * amax[..., None]).astype(F)
@@ -81,14 +84,16 @@ def quantize(x: np.ndarray, *, per_token: bool, four_over_six: str | None):
             total = (total + per[..., i]).astype(F)
         return total
 
-    sf6 = e4m3(((bmax / F(6)).astype(F) * s).astype(F))
-    codes = encode(sf6)
     choice = np.zeros(bmax.shape, dtype=bool)
-    sf = sf6
-    if four_over_six:
-        sf4 = e4m3(((F(1.5) * (bmax / F(6)).astype(F)).astype(F) * s).astype(F))
-        codes4 = encode(sf4)
-        choice = error(codes4, sf4) < error(codes, sf6)
+    if not four_over_six:
+        multiplier = (s * (F(1) / F(6))).astype(F)
+        sf = e4m3(np.minimum((bmax * multiplier).astype(F), flt_max))
+        codes = encode(sf)
+    else:
+        base = ((bmax / F(6)).astype(F) * s).astype(F)
+        sf6, sf4 = e4m3(base), e4m3((base * F(1.5)).astype(F))
+        codes6, codes4 = encode(sf6), encode(sf4)
+        choice = error(codes4, sf4) < error(codes6, sf6)
         sf = np.where(choice, sf4, sf6)
-        codes = np.where(choice[..., None], codes4, codes)
+        codes = np.where(choice[..., None], codes4, codes6)
     return codes.reshape(m, k), sf, g.reshape(-1) if per_token else g.reshape(()), choice

@@ -27,11 +27,12 @@ def test_e2m1_grid_points_are_exact_and_codes_match_the_spec():
     assert (e2m1_rne(-grid[1:]) == torch.arange(9, 16, dtype=torch.uint8)).all()
 
 
-def test_e2m1_keeps_the_sign_of_negative_zero_and_small_negatives():
+def test_e2m1_signs_small_negatives_but_not_negative_zero():
+    """TE compares the value, not its sign bit: −0.2 codes as −0 (0b1000), an exact −0.0 as +0."""
     codes = e2m1_rne(torch.tensor([-0.0, -0.2, 0.0, 0.2]))
-    assert codes.tolist() == [0b1000, 0b1000, 0, 0]
+    assert codes.tolist() == [0, 0b1000, 0, 0]
     decoded = e2m1_decode(codes)
-    assert torch.signbit(decoded).tolist() == [True, True, False, False]
+    assert torch.signbit(decoded).tolist() == [False, True, False, False]
 
 
 def test_e2m1_saturates_beyond_six():
