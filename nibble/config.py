@@ -92,6 +92,21 @@ class RedisConfig(Section):
     retry_seconds: float = Field(
         60.0, ge=0, description="a lost Redis is retried (backoff 0.1 s doubling to 5 s) this long before failing"
     )
+    sampler_heartbeat_seconds: float = Field(
+        5.0, gt=0, description="samplers record that they are alive this often (the trainer counts them)"
+    )
+    sampler_timeout_seconds: float = Field(
+        30.0, gt=0, description="a sampler silent for longer no longer counts as live (nibble_sampler_demand)"
+    )
+
+    @model_validator(mode="after")
+    def _timeout_above_heartbeat(self) -> RedisConfig:
+        if self.sampler_timeout_seconds <= self.sampler_heartbeat_seconds:
+            raise ValueError(
+                f"redis.sampler_timeout_seconds={self.sampler_timeout_seconds} must exceed "
+                f"redis.sampler_heartbeat_seconds={self.sampler_heartbeat_seconds} (live samplers would blink out)"
+            )
+        return self
 
 
 class WeightSyncConfig(Section):
@@ -156,6 +171,9 @@ class SamplerConfig(Section):
     threads: int = Field(1, ge=1, description="torch threads per sampler process")
     metrics_port: int = Field(0, ge=0, le=65535)
     metrics_host: str = Field("127.0.0.1", description="address /metrics binds; 0.0.0.0 in a pod Prometheus scrapes")
+    health_port: int | None = Field(
+        None, ge=1, le=65535, description="gRPC health checking on metrics_host (containers); None: not served"
+    )
     device: Device = Field("cpu", description="cuda / cuda:N: decode with packed NVFP4 kernels and CUDA graphs")
     gpu_memory_fraction: MemoryFraction = Field(
         None, description="share of the GPU's memory each sampler may allocate (when it shares the GPU)"
@@ -187,6 +205,9 @@ class TrainerConfig(Section):
     threads: int = Field(1, ge=1)
     metrics_port: int = Field(0, ge=0, le=65535)
     metrics_host: str = Field("127.0.0.1", description="address /metrics binds; 0.0.0.0 in a pod Prometheus scrapes")
+    health_port: int | None = Field(
+        None, ge=1, le=65535, description="gRPC health checking on metrics_host (containers); None: not served"
+    )
     device: Device = Field("cpu", description="cuda / cuda:N; under torchrun (nproc_per_node > 1) cuda only")
     gpu_memory_fraction: MemoryFraction = Field(
         None, description="share of the GPU's memory the trainer may allocate (when it shares the GPU)"
@@ -203,7 +224,9 @@ class RunConfig(Section):
     """A whole run: what ``nibble run`` launches and every service reads its section of."""
 
     seed: int = 0
-    num_samplers: int = Field(2, ge=1)
+    num_samplers: int = Field(
+        2, ge=1, description="samplers `nibble run` starts; the trainer counts live ones (heartbeats), not this"
+    )
     model: ModelSection = ModelSection()
     task: TaskConfig = TaskConfig()
     plan: PlanConfig = PlanConfig()

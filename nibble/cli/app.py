@@ -44,6 +44,7 @@ def main() -> None:
     from nibble.cli import (  # noqa: F401  (each registers a sub-command)
         check_contract,
         deadletter,
+        health,
         mismatch,
         quant_error,
         report,

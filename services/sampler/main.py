@@ -34,6 +34,7 @@ def build(config, name: str, out: Path | None):
     from nibble.sampler.service import Sampler
     from nibble.tasks import get_task
     from nibble.transport import AdmissionCounter, TrajectoryWriter, connect, subscriber_from_config
+    from nibble.transport.presence import SamplerRegistry
 
     s = config.sampler
     torch.set_num_threads(s.threads)
@@ -55,6 +56,7 @@ def build(config, name: str, out: Path | None):
         engine,
         TrajectoryWriter(client, config.redis),
         AdmissionCounter(client, config.redis),
+        SamplerRegistry(client, config.redis),
         subscriber,
         metrics,
         name=name,
@@ -72,13 +74,20 @@ def stats_file(out: Path | None, name: str) -> Path | None:
 def main(argv: list[str] | None = None) -> int:
     args, config = parse(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.name} %(levelname)s %(message)s")
+    from nibble.transport.health import start_health
+
+    health = start_health(config.sampler.metrics_host, config.sampler.health_port)
     try:
         sampler = build(config, args.name, args.out)
     except ValueError as exc:  # a device, a checkpoint, a metrics address, … named in the message
         print(f"error: {exc}", file=sys.stderr)
+        if health is not None:
+            health.stop()
         return 2
     signal.signal(signal.SIGTERM, lambda *_: sampler.stop.set())
     signal.signal(signal.SIGINT, lambda *_: sampler.stop.set())
+    if health is not None:
+        health.serving()
     from nibble.sampler.service import EXIT_ENGINE_FAILED, EngineFailed
 
     try:
@@ -86,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     except EngineFailed as exc:
         print(f"error: sampler {args.name}: {exc}", file=sys.stderr)
         return EXIT_ENGINE_FAILED
+    finally:
+        if health is not None:
+            health.stop()
     return 0
 
 

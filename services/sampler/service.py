@@ -27,6 +27,7 @@ from nibble.transport import (
     WeightSubscriber,
     allowed_groups,
 )
+from nibble.transport.presence import SamplerRegistry
 
 log = logging.getLogger("nibble.sampler")
 
@@ -77,6 +78,7 @@ class Sampler:
         engine: Engine,
         writer: TrajectoryWriter,
         admission: AdmissionCounter,
+        registry: SamplerRegistry,
         subscriber: WeightSubscriber | None,
         metrics: Metrics,
         name: str = "sampler",
@@ -84,6 +86,7 @@ class Sampler:
     ):
         self.config, self.task, self.engine = config, task, engine
         self.writer, self.admission, self.subscriber, self.metrics = writer, admission, subscriber, metrics
+        self.registry = registry
         self.sampler_id = f"{name}-{uuid.uuid4().hex[:8]}"  # unique per process: trajectory ids never repeat
         self.stop = threading.Event()
         self.stats = SamplerStats()
@@ -306,6 +309,20 @@ class Sampler:
             except Exception as exc:  # Redis lost for longer than retry_seconds: the main loop reports it
                 log.warning("could not renew the admission lease: %s", exc)
 
+    def heartbeat(self) -> None:
+        """Background thread: tell the trainer this sampler is alive until ``stop``, then leave at once."""
+        while True:
+            try:
+                self.registry.beat(self.sampler_id)
+            except Exception as exc:  # a missed beat only ages this sampler out; the main loop reports Redis
+                log.warning("heartbeat of %s failed: %s", self.sampler_id, exc)
+            if self.stop.wait(self.config.redis.sampler_heartbeat_seconds):
+                break
+        try:
+            self.registry.leave(self.sampler_id)
+        except Exception as exc:
+            log.warning("%s could not leave the live samplers (it ages out): %s", self.sampler_id, exc)
+
     def run(self, idle_sleep: float = 0.05, stats_every: float = 2.0) -> None:
         """Generate until ``stop`` is set.
 
@@ -315,6 +332,8 @@ class Sampler:
         watcher = threading.Thread(target=self.watch_versions, name="weight-watch", daemon=True)
         watcher.start()
         threading.Thread(target=self.renew_lease, name="admission-lease", daemon=True).start()
+        heart = threading.Thread(target=self.heartbeat, name="heartbeat", daemon=True)
+        heart.start()
         last = 0.0
         try:
             while not self.stop.is_set():
@@ -324,7 +343,8 @@ class Sampler:
                     self.write_stats()
                     last = time.monotonic()
         finally:
-            self.stop.set()  # ends the lease thread
+            self.stop.set()  # ends the lease and heartbeat threads
             if self.subscriber is not None:
                 self.subscriber.close()  # ends the watch thread
+            heart.join(timeout=self.config.redis.connect_timeout_seconds)
             self.write_stats()

@@ -72,23 +72,36 @@ def build(config, out: Path, stop: threading.Event):
     state = checkpoint.load_state(resume) if resume is not None else checkpoint.TrainerState()
     task = get_task(config.task.name, **config.task.options)
     metrics = Metrics("trainer")
-    services, published = (None, None, None), 0
+    services, published = (None, None, None, None), 0
     if shard is None or shard.rank == 0:
         services, published = _connect(config, metrics)
     if shard is not None:
         published = sharded.broadcast(published)
-    reader, admission, publisher = services
+    reader, admission, samplers, publisher = services
     trainer = Trainer(
-        config, task, model, optimizer, state, reader, admission, publisher, metrics, out, stop=stop, shard=shard
+        config,
+        task,
+        model,
+        optimizer,
+        state,
+        reader,
+        admission,
+        samplers,
+        publisher,
+        metrics,
+        out,
+        stop=stop,
+        shard=shard,
     )
     trainer.continue_above(published)
     return trainer
 
 
 def _connect(config, metrics):
-    """Rank 0's links to the outside (metrics endpoint, the stream, admission, weight-sync) and the highest
-    policy version ever published (:func:`highest_published`)."""
+    """Rank 0's links to the outside (metrics endpoint, the stream, admission, live samplers, weight-sync)
+    and the highest policy version ever published (:func:`highest_published`)."""
     from nibble.transport import AdmissionCounter, TrajectoryReader, connect, publisher_from_config
+    from nibble.transport.presence import SamplerRegistry
 
     keys = ("trainer.metrics_host", "trainer.metrics_port")
     port = metrics.serve(config.trainer.metrics_port, config.trainer.metrics_host, keys=keys).server_port
@@ -102,7 +115,8 @@ def _connect(config, metrics):
 
     reader = TrajectoryReader(client, config.redis, consumer="trainer", on_dead_letter=on_dead_letter)
     publisher = publisher_from_config(config.weightsync)
-    return (reader, admission, publisher), highest_published(publisher, admission)
+    services = (reader, admission, SamplerRegistry(client, config.redis), publisher)
+    return services, highest_published(publisher, admission)
 
 
 def highest_published(publisher, admission) -> int:
@@ -123,7 +137,17 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    finished = trainer.run()
+    from nibble.transport.health import start_health
+
+    # Rank 0 alone answers health checks (one port per pod); it is SERVING once everything is built.
+    health = start_health(config.trainer.metrics_host, config.trainer.health_port) if trainer.leader else None
+    if health is not None:
+        health.serving()
+    try:
+        finished = trainer.run()
+    finally:
+        if health is not None:
+            health.stop()
     if trainer.shard is not None:
         from nibble.trainer import sharded
 

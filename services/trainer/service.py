@@ -26,6 +26,7 @@ from nibble.trainer.intake import untrainable_reason
 from nibble.trainer.sharded import Shard
 from nibble.trainer.step import StepResult, train_on_batch
 from nibble.transport import AdmissionCounter, StreamEntry, TrajectoryReader, WeightPublisherClient
+from nibble.transport.presence import SamplerRegistry
 
 log = logging.getLogger("nibble.trainer")
 
@@ -48,8 +49,8 @@ class Trainer:
     """One trainer process's work; :meth:`run` trains until ``trainer.total_steps``.
 
     With ``shard`` (one of ``torchrun``'s ranks, the model FSDP2-sharded) rank 0 alone reads the stream,
-    publishes, acknowledges and records metrics (the others get ``None`` for ``reader``, ``admission`` and
-    ``publisher``); it broadcasts each consumed batch, or the stop, and every rank trains, evaluates,
+    publishes, acknowledges and records metrics (the others get ``None`` for ``reader``, ``admission``,
+    ``samplers`` and ``publisher``); it broadcasts each consumed batch, or the stop, and every rank trains, evaluates,
     gathers the published weights and checkpoints together.
     """
 
@@ -62,6 +63,7 @@ class Trainer:
         state: checkpoint.TrainerState,
         reader: TrajectoryReader | None,
         admission: AdmissionCounter | None,
+        samplers: SamplerRegistry | None,
         publisher: WeightPublisherClient | None,
         metrics: Metrics,
         out: Path,
@@ -70,6 +72,7 @@ class Trainer:
     ):
         self.config, self.task, self.model, self.optimizer, self.state = config, task, model, optimizer, state
         self.reader, self.admission, self.publisher, self.metrics = reader, admission, publisher, metrics
+        self.samplers = samplers
         self.ledger = checkpoint.Ledger(config.trainer.ledger_size, state.trained)
         self.dropped = checkpoint.Ledger(config.trainer.ledger_size, state.stale_dropped)
         self.unacked: list[str] = []
@@ -177,7 +180,7 @@ class Trainer:
         self.metrics.queue_depth.set(depth)
         self.metrics.sampler_demand.set(
             sampler_demand(
-                self.config.num_samplers,
+                self.samplers.live(),
                 consumed.idle_seconds,
                 seconds,
                 depth,

@@ -28,8 +28,48 @@ def model_for(manifest: dict[str, Any]) -> type[pydantic.BaseModel]:
     return model
 
 
+def scaled_object_problems(manifest: dict[str, Any]) -> list[str]:
+    """KEDA's ScaledObject (``keda.sh/v1alpha1``), whose CRD the client has no model of: the fields its
+    schema requires and the types of those the chart sets (KEDA's scaler reads trigger metadata as strings)."""
+    spec = manifest.get("spec", {})
+    found = []
+    if not isinstance(spec.get("scaleTargetRef", {}).get("name"), str):
+        found.append("spec.scaleTargetRef.name: a string is required")
+    for key in ("minReplicaCount", "maxReplicaCount"):
+        if key in spec and not isinstance(spec[key], int):
+            found.append(f"spec.{key}: an integer is required")
+    triggers = spec.get("triggers")
+    if not isinstance(triggers, list) or not triggers:
+        found.append("spec.triggers: at least one trigger is required")
+    for i, trigger in enumerate(triggers or []):
+        if not isinstance(trigger.get("type"), str):
+            found.append(f"spec.triggers.{i}.type: a string is required")
+        metadata = trigger.get("metadata")
+        if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+            found.append(f"spec.triggers.{i}.metadata: a mapping of strings is required")
+    extra = set(spec) - {
+        "scaleTargetRef",
+        "minReplicaCount",
+        "maxReplicaCount",
+        "triggers",
+        "pollingInterval",
+        "cooldownPeriod",
+        "idleReplicaCount",
+        "advanced",
+        "fallback",
+    }
+    found += [f"spec.{key}: not a field of ScaledObject" for key in sorted(extra)]
+    return found
+
+
+CUSTOM_RESOURCES = {("keda.sh/v1alpha1", "ScaledObject"): scaled_object_problems}
+
+
 def problems(manifest: dict[str, Any]) -> list[str]:
     """What the API's schema rejects in ``manifest`` (empty when it is valid), one line per field."""
+    custom = CUSTOM_RESOURCES.get((manifest["apiVersion"], manifest["kind"]))
+    if custom is not None:
+        return custom(manifest)
     try:
         model_for(manifest).model_validate(manifest)
     except LookupError as exc:

@@ -1,7 +1,8 @@
 """The Helm chart deploy/helm/nibble, rendered with the real helm binary (no cluster): lint, every object
 against the Kubernetes API's types, the trainer's GPUs/command/config per gpusPerPod, the run config
-through the services' own loader, secrets per role, scrape annotations, Redis's start command, and bad
-values failing with the chart's messages."""
+through the services' own loader, secrets per role, scrape annotations, Redis's start command, pod
+security and gRPC health probes, sampler scaling that touches nothing else, and bad values failing with
+the chart's messages."""
 
 from __future__ import annotations
 
@@ -51,7 +52,10 @@ CASES = {
         "samplers.extraEnv[0].name=HF_HUB_OFFLINE",
         "samplers.extraEnv[0].value=yes",
         "weightsync.podAnnotations.team=rl",
+        "samplers.podDisruptionBudget.enabled=false",
     ),
+    "autoscaling (HPA)": ("samplers.autoscaling.enabled=true",),
+    "autoscaling (KEDA)": ("samplers.autoscaling.enabled=true", "samplers.autoscaling.keda=true"),
 }
 
 
@@ -202,12 +206,117 @@ def test_sampler_replicas_and_gpus(tmp_path):
     objects = render("samplers.replicas=3", "samplers.gpusPerPod=1")
     samplers = find(objects, "Deployment", "sampler")
     assert samplers["spec"]["replicas"] == 3
-    assert run_config(objects, tmp_path).num_samplers == 3
     sampler = container(samplers)
     assert sampler["command"] == ["python", "-m", "nibble.sampler", "--config", CONFIG_PATH, "--name", "$(POD_NAME)"]
     assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in sampler["env"]
     assert sampler["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert "nvidia.com/gpu" not in container(find(render(), "Deployment", "sampler"))["resources"]["limits"]
+
+
+def test_scaling_samplers_changes_only_the_samplers_deployment():
+    """`helm upgrade --set samplers.replicas=7` must leave the trainer's Job (whose pod template Kubernetes
+    refuses to patch), weight-sync's pod (a new config checksum would restart it) and the config alone."""
+    # fixed secrets: on a real upgrade the chart keeps the cluster's (lookup); `helm template` has no cluster
+    tokens = ("secrets.publishToken=p", "secrets.fetchToken=f", "secrets.redisPassword=r")
+    before = {(o["kind"], o["metadata"]["name"]): o for o in render(*tokens)}
+    after = {(o["kind"], o["metadata"]["name"]): o for o in render(*tokens, "samplers.replicas=7")}
+    assert before.keys() == after.keys()
+    changed = {key for key in before if before[key] != after[key]}
+    assert changed == {("Deployment", f"{FULLNAME}-sampler")}
+    scaled = after[("Deployment", f"{FULLNAME}-sampler")]
+    assert scaled["spec"]["replicas"] == 7
+    scaled["spec"]["replicas"] = 2
+    assert scaled == before[("Deployment", f"{FULLNAME}-sampler")]  # its pod template is untouched too
+
+
+def every_container(objects):
+    """(workload, pod spec, container) of every container and init container the chart renders."""
+    for o in objects:
+        if o["kind"] in ("Deployment", "Job", "StatefulSet"):
+            spec = pod_spec(o)
+            for c in spec.get("initContainers", []) + spec["containers"]:
+                yield o, spec, c
+
+
+@pytest.mark.parametrize("sets", list(CASES.values()), ids=list(CASES))
+def test_every_container_runs_restricted(sets):
+    """The restricted Pod Security Standard, and a root filesystem nothing writes to (/tmp is a volume)."""
+    seen = set()
+    for o, spec, c in every_container(render(*sets)):
+        pod, own = spec["securityContext"], c.get("securityContext", {})
+        name = f"{o['kind']} {o['metadata']['name']} container {c['name']}"
+        assert own.get("runAsNonRoot", pod.get("runAsNonRoot")) is True, name
+        assert own.get("runAsUser", pod.get("runAsUser")) > 0, name
+        assert own.get("seccompProfile", pod.get("seccompProfile")) == {"type": "RuntimeDefault"}, name
+        assert own["allowPrivilegeEscalation"] is False, name
+        assert own["readOnlyRootFilesystem"] is True, name
+        assert own["capabilities"] == {"drop": ["ALL"]}, name
+        assert "privileged" not in own, name
+        tmp = [m for m in c["volumeMounts"] if m["mountPath"] == "/tmp"]
+        assert tmp and {"name": tmp[0]["name"], "emptyDir": {}} in spec["volumes"], name
+        seen.add(o["metadata"]["labels"]["app.kubernetes.io/component"])
+    assert seen == {"redis", "weightsync", "trainer", "sampler"}
+
+
+def test_probes_ask_grpc_health_where_each_service_serves_it(tmp_path):
+    objects = render("probes.startupSeconds=600")
+    config = run_config(objects, tmp_path)
+    health_ports = {
+        "weightsync": config.weightsync.port,
+        "trainer": config.trainer.health_port,
+        "sampler": config.sampler.health_port,
+    }
+    assert len(set(health_ports.values())) == 3 and None not in health_ports.values()
+    for component, port in health_ports.items():
+        c = container(workload(objects, component))
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert c[probe]["grpc"] == {"port": port}, (component, probe)
+        assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] == 600
+        assert port in {p["containerPort"] for p in c["ports"]}
+
+
+def test_samplers_have_a_disruption_budget():
+    (pdb,) = (o for o in render() if o["kind"] == "PodDisruptionBudget")
+    samplers = find(render(), "Deployment", "sampler")
+    assert pdb["spec"]["selector"] == samplers["spec"]["selector"]
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert not [o for o in render("samplers.podDisruptionBudget.enabled=false") if o["kind"] == "PodDisruptionBudget"]
+
+
+def test_autoscaling_takes_the_replica_count_from_nibble_sampler_demand():
+    fixed = find(render(), "Deployment", "sampler")
+    assert fixed["spec"]["replicas"] == 2
+    assert not [o for o in render() if o["kind"] in ("HorizontalPodAutoscaler", "ScaledObject")]
+
+    objects = render("samplers.autoscaling.enabled=true", "samplers.autoscaling.maxReplicas=32")
+    assert "replicas" not in find(objects, "Deployment", "sampler")["spec"]  # helm upgrade never fights the HPA
+    hpa = find(objects, "HorizontalPodAutoscaler", "sampler")["spec"]
+    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": f"{FULLNAME}-sampler"}
+    assert (hpa["minReplicas"], hpa["maxReplicas"]) == (1, 32)
+    (metric,) = hpa["metrics"]
+    assert metric["external"]["metric"] == {
+        "name": "nibble_sampler_demand",
+        "selector": {"matchLabels": {"namespace": NAMESPACE}},
+    }
+    assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": "1"}  # a sampler per unit
+
+    keda = render("samplers.autoscaling.enabled=true", "samplers.autoscaling.keda=true")
+    assert "replicas" not in find(keda, "Deployment", "sampler")["spec"]
+    scaled = find(keda, "ScaledObject", "sampler")["spec"]
+    assert scaled["scaleTargetRef"] == {"name": f"{FULLNAME}-sampler"}
+    (trigger,) = scaled["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metadata"]["threshold"] == "1"
+    assert trigger["metadata"]["query"] == f'max(nibble_sampler_demand{{namespace="{NAMESPACE}"}})'
+    assert not [o for o in keda if o["kind"] == "HorizontalPodAutoscaler"]
+    own = render("samplers.autoscaling.enabled=true", "samplers.autoscaling.keda=true", "samplers.autoscaling.query=q")
+    assert find(own, "ScaledObject", "sampler")["spec"]["triggers"][0]["metadata"]["query"] == "q"
+    broken = dict(
+        find(keda, "ScaledObject", "sampler"), spec={"triggers": [{"type": "prometheus", "metadata": {"a": 1}}]}
+    )
+    assert problems(broken) == [
+        "spec.scaleTargetRef.name: a string is required",
+        "spec.triggers.0.metadata: a mapping of strings is required",
+    ]
 
 
 # --- the run config, services, metrics, secrets ---------------------------------------------------------
@@ -298,6 +407,7 @@ def test_notes_name_the_release_s_objects(tmp_path):
     notes = render_notes(tmp_path / "gpu", "trainer.gpusPerPod=4")
     assert f"kubectl -n {NAMESPACE} logs -f job/{FULLNAME}-trainer" in notes
     assert "4 process(es) on 4 GPU(s)" in notes and "must be inside the image" in notes
+    assert f"upgrade {RELEASE} <chart> --reuse-values --set samplers.replicas=N" in notes
     notes = render_notes(tmp_path / "cpu", "trainer.gpusPerPod=0", "model.existingClaim=w", "secrets.existingSecret=s")
     assert "one CPU process" in notes and "inside the image" not in notes and "Secret" not in notes
 
@@ -356,7 +466,21 @@ BAD_VALUES = [
     (("weightsync.metricsPort=50051",), (), "share one pod and must differ"),
     (("config.trainer.nproc_per_node=2",), (), "config.trainer.nproc_per_node is set by the chart"),
     (("config.weightsync.host=localhost",), (), "config.weightsync.host is set by the chart"),
-    (("config.num_samplers=3",), (), "config.num_samplers is set by the chart from samplers.replicas"),
+    (("config.num_samplers=3",), (), "config.num_samplers does not apply on Kubernetes (samplers.replicas sets"),
+    (("config.trainer.health_port=1",), (), "config.trainer.health_port is set by the chart"),
+    (("samplers.healthPort=9402",), (), "samplers.metricsPort and samplers.healthPort are both 9402"),
+    (("securityContext.runAsUser=0",), (), "securityContext.runAsUser: Must be greater than or equal to 1"),
+    (("samplers.gpusPerPod=9",), (), "samplers.gpusPerPod: Must be less than or equal to 8"),
+    (
+        (
+            "samplers.autoscaling.enabled=true",
+            "samplers.autoscaling.minReplicas=5",
+            "samplers.autoscaling.maxReplicas=4",
+        ),
+        (),
+        "samplers.autoscaling.minReplicas (5) must not exceed maxReplicas (4)",
+    ),
+    (("trainer.gpusPerPod=16",), (), "trainer.gpusPerPod: Must be less than or equal to 8"),
     (("trainer.resources.limits.nvidia\\.com/gpu=2",), (), "GPUs come from gpusPerPod"),
 ]
 

@@ -70,12 +70,13 @@ starts it, nibble/launcher.py). */}}
 
 {{/* The run configuration ---------------------------------------------------------------------- */}}
 
-{{/* The keys the chart owns: ports, addresses, directories and the trainer's devices. */}}
+{{/* The keys the chart owns: ports, addresses, directories and the trainer's devices. Nothing here
+depends on samplers.replicas: scaling samplers must leave the config (and so its checksum on the trainer's
+and weight-sync's pods) alone; the trainer counts live samplers from their heartbeats in Redis. */}}
 {{- define "nibble.ownedConfig" -}}
 {{- $redisUrl := printf "redis://%s.%s.svc:%d/0" (include "nibble.roleName" (list . "redis")) .Release.Namespace (int .Values.redis.port) -}}
 {{- $weightsyncHost := printf "%s.%s.svc" (include "nibble.roleName" (list . "weightsync")) .Release.Namespace -}}
 {{- $owned := dict
-  "num_samplers" (int .Values.samplers.replicas)
   "redis" (dict "url" $redisUrl)
   "weightsync" (dict
     "host" $weightsyncHost
@@ -88,10 +89,12 @@ starts it, nibble/launcher.py). */}}
     "nproc_per_node" (int (include "nibble.trainerProcesses" .))
     "checkpoint_dir" "/data/checkpoints"
     "metrics_port" (int .Values.trainer.metricsPort)
-    "metrics_host" "0.0.0.0")
+    "metrics_host" "0.0.0.0"
+    "health_port" (int .Values.trainer.healthPort))
   "sampler" (dict
     "metrics_port" (int .Values.samplers.metricsPort)
-    "metrics_host" "0.0.0.0")
+    "metrics_host" "0.0.0.0"
+    "health_port" (int .Values.samplers.healthPort))
 -}}
 {{- toJson $owned -}}
 {{- end -}}
@@ -119,13 +122,23 @@ starts it, nibble/launcher.py). */}}
 {{- include "nibble.requireInteger" (list "trainer.gpusPerPod" .Values.trainer.gpusPerPod 0) -}}
 {{- include "nibble.requireInteger" (list "samplers.replicas" .Values.samplers.replicas 1) -}}
 {{- include "nibble.requireInteger" (list "samplers.gpusPerPod" .Values.samplers.gpusPerPod 0) -}}
-{{- range $name, $port := dict "weightsync.port" .Values.weightsync.port "weightsync.publishPort" .Values.weightsync.publishPort "weightsync.metricsPort" .Values.weightsync.metricsPort "trainer.metricsPort" .Values.trainer.metricsPort "samplers.metricsPort" .Values.samplers.metricsPort "redis.port" .Values.redis.port -}}
+{{- range $name, $port := dict "weightsync.port" .Values.weightsync.port "weightsync.publishPort" .Values.weightsync.publishPort "weightsync.metricsPort" .Values.weightsync.metricsPort "trainer.metricsPort" .Values.trainer.metricsPort "samplers.metricsPort" .Values.samplers.metricsPort "trainer.healthPort" .Values.trainer.healthPort "samplers.healthPort" .Values.samplers.healthPort "redis.port" .Values.redis.port -}}
 {{- include "nibble.requireInteger" (list $name $port 1) -}}
 {{- if gt (int $port) 65535 -}}{{- fail (printf "%s must be a port (1-65535), got %v" $name $port) -}}{{- end -}}
 {{- end -}}
 {{- $ws := .Values.weightsync -}}
 {{- if or (eq (int $ws.port) (int $ws.publishPort)) (eq (int $ws.port) (int $ws.metricsPort)) (eq (int $ws.publishPort) (int $ws.metricsPort)) -}}
 {{- fail (printf "weightsync.port (%v), weightsync.publishPort (%v) and weightsync.metricsPort (%v) share one pod and must differ" $ws.port $ws.publishPort $ws.metricsPort) -}}
+{{- end -}}
+{{- range $role := list "trainer" "samplers" -}}
+{{- $v := index $.Values $role -}}
+{{- if eq (int $v.metricsPort) (int $v.healthPort) -}}
+{{- fail (printf "%s.metricsPort and %s.healthPort are both %v; they share one pod and must differ" $role $role $v.metricsPort) -}}
+{{- end -}}
+{{- end -}}
+{{- $auto := .Values.samplers.autoscaling -}}
+{{- if and $auto.enabled (gt (int $auto.minReplicas) (int $auto.maxReplicas)) -}}
+{{- fail (printf "samplers.autoscaling.minReplicas (%v) must not exceed maxReplicas (%v)" $auto.minReplicas $auto.maxReplicas) -}}
 {{- end -}}
 {{- if not (kindIs "map" .Values.config) -}}
 {{- fail "config must be a mapping (the run configuration, as in configs/*.yaml)" -}}
@@ -139,9 +152,10 @@ starts it, nibble/launcher.py). */}}
 {{- fail (printf "config.%s.%s is set by the chart (see the comment above config in values.yaml); remove it" $key $field) -}}
 {{- end -}}
 {{- end -}}
-{{- else if hasKey $.Values.config $key -}}
-{{- fail (printf "config.%s is set by the chart from samplers.replicas; remove it" $key) -}}
 {{- end -}}
+{{- end -}}
+{{- if hasKey .Values.config "num_samplers" -}}
+{{- fail "config.num_samplers does not apply on Kubernetes (samplers.replicas sets the sampler count; the trainer counts live samplers); remove it" -}}
 {{- end -}}
 {{- range $role := list "redis" "weightsync" "trainer" "samplers" -}}
 {{- $limits := (index $.Values $role "resources" "limits") | default dict -}}
@@ -224,6 +238,8 @@ and fetch tokens), then the role's extraEnv. Argument: (list $ "role" role-value
 {{- $root := index . 0 -}}{{- $role := index . 1 -}}{{- $values := index . 2 -}}
 - name: PYTHONUNBUFFERED
   value: "1"
+- name: HOME   # caches (torch, triton, matplotlib) land on the /tmp emptyDir, not the read-only image
+  value: /tmp
 {{- if has $role (list "weightsync" "trainer") }}
 {{ include "nibble.secretEnv" (list $root "NIBBLE_PUBLISH_TOKEN" "publish-token") }}
 {{- end }}
@@ -289,4 +305,59 @@ spec:
   resources:
     requests:
       storage: {{ $p.size }}
+{{- end -}}
+
+
+{{/* Pod security (restricted Pod Security Standard): a non-root user, the runtime's seccomp profile,
+volumes group-owned by the pod's group. Argument: a securityContext values block (runAsUser, runAsGroup,
+fsGroup). */}}
+{{- define "nibble.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ .runAsUser }}
+runAsGroup: {{ .runAsGroup }}
+fsGroup: {{ .fsGroup }}
+fsGroupChangePolicy: OnRootMismatch
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* Every container: no privilege escalation, no capabilities, an unwritable root filesystem (what a
+service writes goes to its volumes and to /tmp, an emptyDir). */}}
+{{- define "nibble.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: [ALL]
+{{- end -}}
+
+{{- define "nibble.tmpVolume" -}}
+- name: tmp
+  emptyDir: {}
+{{- end -}}
+
+{{- define "nibble.tmpMount" -}}
+- name: tmp
+  mountPath: /tmp
+{{- end -}}
+
+{{/* Startup, readiness and liveness through gRPC health checking on `port`. The startup probe allows
+.Values.probes.startupSeconds for loading the model (or, for the trainer, resuming a checkpoint) before
+liveness takes over. Argument: (list $ port). */}}
+{{- define "nibble.grpcProbes" -}}
+{{- $root := index . 0 -}}{{- $port := int (index . 1) -}}
+startupProbe:
+  grpc:
+    port: {{ $port }}
+  periodSeconds: 10
+  failureThreshold: {{ max 1 (div (int $root.Values.probes.startupSeconds) 10) }}
+readinessProbe:
+  grpc:
+    port: {{ $port }}
+  periodSeconds: 10
+livenessProbe:
+  grpc:
+    port: {{ $port }}
+  periodSeconds: 20
+  timeoutSeconds: 5
+  failureThreshold: 6
 {{- end -}}
