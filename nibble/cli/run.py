@@ -49,8 +49,9 @@ def run(
         typer.echo(f"{found.describe()}: nothing to resume, left untouched ({out / 'summary.json'})")
         return
     with locked(out):
+        values = loaded.model_dump(mode="json")
         for key, variable in sorted(overrides.by_key.items()):
-            typer.echo(f"{variable} sets {key}")
+            typer.echo(f"{variable} sets {key} = {_value_at(values, key)}")
         if found.state is State.FINISHED:
             typer.echo(f"extending the finished run in {out} from {found.steps} to {loaded.trainer.total_steps} steps")
         elif found.state is State.UNFINISHED:
@@ -62,6 +63,12 @@ def run(
         record.begin(out, found.steps, warm_start_seconds)
         code = _launch(loaded, out, redis_url, record)
     raise typer.Exit(code)
+
+
+def _value_at(values: dict, key: str):
+    for part in key.split("."):
+        values = values[part]
+    return values
 
 
 def _launch(config, out: Path, redis_url: str | None, record) -> int:
@@ -84,22 +91,23 @@ def _launch(config, out: Path, redis_url: str | None, record) -> int:
         printer(out)  # the steps recorded while the services stopped
     record.close(out, status, detail)
     _report(config, out, record)
-    if status != "finished":
-        typer.echo(f"continue with: nibble run --out {out} --resume")
     return code
 
 
 def _report(config, out: Path, record) -> None:
+    """``summary.json`` and the human summary first (the seconds matplotlib takes come last), then the plots."""
     from nibble.run_report import describe, plot, summarize
 
     summary = summarize(out, config, record.segments)
     tmp = out / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2) + "\n")
     tmp.replace(out / "summary.json")
-    plot(out)
     for line in describe(summary):
         typer.echo(line)
     typer.echo(f"summary: {out / 'summary.json'} (metrics.jsonl, plots and logs/ beside it)")
+    if summary["status"] != "finished":
+        typer.echo(f"continue with: nibble run --out {out} --resume")
+    plot(out)
 
 
 def _step_printer(bar, total: int, path: Path):

@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sampler.stop.set())
     signal.signal(signal.SIGINT, lambda *_: sampler.stop.set())
     sampler.run()
+    logging.getLogger("nibble.sampler").info("stopped: %d groups written", sampler.stats.groups_written)
     return 0
 
 

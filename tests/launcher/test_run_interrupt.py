@@ -30,7 +30,12 @@ def nibble_run(out: Path, *flags: str) -> list[str]:
 
 
 def environment(warm_start: Path, **extra: str) -> dict[str, str]:
-    base = {"NIBBLE_MODEL__CHECKPOINT": str(warm_start), "NIBBLE_TRAINER__TOTAL_STEPS": str(TOTAL_STEPS)}
+    # checkpoint_every 2: a trainer stopped after an odd step must write the checkpoint itself
+    base = {
+        "NIBBLE_MODEL__CHECKPOINT": str(warm_start),
+        "NIBBLE_TRAINER__TOTAL_STEPS": str(TOTAL_STEPS),
+        "NIBBLE_TRAINER__CHECKPOINT_EVERY": "2",
+    }
     return {**os.environ, **base, **extra}
 
 

@@ -65,8 +65,9 @@ def test_the_end_of_run_output_is_a_short_human_summary(smoke_run):
     result, out = smoke_run
     summary = json.loads((out / "summary.json").read_text())
     lines = result.stdout.splitlines()
-    assert lines[0] == f"new run in {out}"
-    assert lines[1].startswith("RL starts from held-out accuracy ") and "precision plan" in lines[1]
+    assert lines[0] == f"NIBBLE_MODEL__CHECKPOINT sets model.checkpoint = {summary['config']['model']['checkpoint']}"
+    assert lines[1] == f"new run in {out}"
+    assert lines[2].startswith("RL starts from held-out accuracy ") and "precision plan" in lines[2]
     tail = lines[lines.index(next(x for x in lines if x.startswith("finished 6/6 steps in "))) :]
     before, after = summary["eval_accuracy_before"], summary["eval_accuracy_after"]
     assert tail[1] == f"held-out accuracy  {before:.3f} → {after:.3f} ({after - before:+.3f})"
