@@ -39,7 +39,7 @@ def run(
     A folder that holds a run is never overwritten: without --resume or --new, nibble run refuses it.
     """
     from nibble.cli.run_config import run_config
-    from nibble.rundir import RunRecord, State, choose, locked
+    from nibble.rundir import RunRecord, State, choose, inspect, locked
 
     found = choose(out, resume=resume, new=new)
     out = found.path
@@ -49,6 +49,8 @@ def run(
         typer.echo(f"{found.describe()}: nothing to resume, left untouched ({out / 'summary.json'})")
         return
     with locked(out):
+        if inspect(out).state is not found.state:  # another launch wrote it between the look and the lock
+            raise ValueError(f"--out {out}: changed while this run was starting; run the command again")
         values = loaded.model_dump(mode="json")
         for key, variable in sorted(overrides.by_key.items()):
             typer.echo(f"{variable} sets {key} = {_value_at(values, key)}")

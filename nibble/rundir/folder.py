@@ -57,7 +57,7 @@ def inspect(path: Path) -> Found:
         return Found(path, State.OTHER)
     record = RunRecord.read(path)
     steps = last_step(path)
-    total = record.config["trainer"].get("total_steps") if record.config else None
+    total = (record.config or {}).get("trainer", {}).get("total_steps")
     if record.segments:
         finished = record.segments[-1].status == "finished"
     else:  # written before run records existed: the launcher wrote summary.json only when the run finished
