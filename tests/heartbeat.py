@@ -86,10 +86,14 @@ class Heartbeat:
         text = f"{nodeid} running for {_clock(elapsed)}"
         if nodeid in self.previous:
             text += f" (took {_clock(self.previous[nodeid])} last time)"
-        known = [self.previous[n] for n in self.pending if n in self.previous and n != nodeid]
-        if known:
-            left = sum(known) + max(0.0, self.previous.get(nodeid, elapsed) - elapsed)
-            text += f"; about {_clock(left)} left in this session ({len(self.pending)} tests to go)"
+        others = [n for n in self.pending if n != nodeid]
+        known = [self.previous[n] for n in others if n in self.previous]
+        text += f"; {len(self.pending)} tests to go"
+        if len(known) == len(others) and nodeid in self.previous:
+            left = sum(known) + max(0.0, self.previous[nodeid] - elapsed)
+            text += f", about {_clock(left)} left"
+        elif known:  # a partial history (a fresh clone, or new tests) gives no honest ETA
+            text += f" ({len(known)} of them took {_clock(sum(known))} last time)"
         return text
 
 
