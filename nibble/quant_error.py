@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from nibble.kernels import mxfp8, nvfp4
-from nibble.weights import read_safetensors, safetensors_files
+from nibble.weights import read_safetensors, safetensors_files, safetensors_shapes
 
 # Every format of the report needs K % 32 == 0 (MXFP8's block); smaller-block formats then fit too.
 REPORT_BLOCK = mxfp8.MXFP8_BLOCK
@@ -85,18 +85,13 @@ class WeightSource:
         self.skipped = 0
 
     def elements(self) -> int:
-        """Elements of the qualifying tensors, from the files' headers (nothing is loaded)."""
-        from safetensors import safe_open
+        """Elements of the qualifying tensors, from the files' headers (nothing is loaded).
 
-        total = 0
-        for file in self.files:
-            with safe_open(str(file), framework="pt") as handle:
-                for name in handle.keys():  # noqa: SIM118 (a safetensors handle is not a mapping)
-                    piece = handle.get_slice(name)
-                    shape = piece.get_shape()
-                    if _qualifies(shape, piece.get_dtype().startswith(("F", "BF"))):
-                        total += _numel(shape)
-        return total
+        Raises:
+            ValueError: naming a file that is not a readable safetensors file.
+        """
+        shapes = safetensors_shapes(self.path)
+        return sum(_numel(shape) for _, shape, dtype in shapes if _qualifies(shape, dtype.startswith(("F", "BF"))))
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         found = False
@@ -153,7 +148,7 @@ def measure(
             if map_to_4 is not None:
                 map4[name] += int(map_to_4.sum())
         if progress:
-            progress(x.numel(), f"{source} {tensor_name}")
+            progress(x.numel(), source if tensor_name == source else f"{source}: {tensor_name}")
     if norm == 0:
         raise ValueError(f"{source}: every tensor is zero; relative error is undefined")
     return [

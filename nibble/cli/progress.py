@@ -98,8 +98,8 @@ class Progress:
 
     def eta(self) -> str:
         """Time left at the rate since the first unit finished (the time before it — loading, start-up — is
-        no guide to the rest); ``?`` until two units have."""
-        if self.done < 2 or self._first is None:
+        no guide to the rest); ``?`` until a later unit has."""
+        if self._first is None or self.done <= self._first[0]:
             return "?"
         rate = (time.monotonic() - self._first[1]) / (self.done - self._first[0])
         return duration(rate * max(0, self.total - self.done))
