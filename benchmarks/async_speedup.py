@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 from statistics import fmean
 from tempfile import TemporaryDirectory
@@ -32,6 +31,7 @@ from benchmarks.machine import describe
 from nibble.config import RunConfig, load
 from nibble.launcher import launch
 from nibble.run_report import read_lines, summarize
+from nibble.rundir import RunRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = {"name": "addition_heavy_tail", "options": {"digits": 24, "tail": 1.0}}
@@ -65,9 +65,11 @@ def one_run(checkpoint: Path, steps: int, seed: int, max_staleness: int, sampler
     config = RunConfig.model_validate(data)
     with TemporaryDirectory() as tmp:
         out = Path(tmp)
-        started = time.time()
+        record = RunRecord(config=config.model_dump(mode="json"))
+        record.begin(out, first_step=0)
         effective = launch(config, out)
-        summary = summarize(out, effective, time.time() - started)
+        record.close(out, "finished")
+        summary = summarize(out, effective, record.segments)
         steps_run = [x for x in read_lines(out) if x["step"] > 0]
     keys = ("wall_seconds", "final_reward", "eval_accuracy_after", "mean_staleness", "sampler_tokens_per_second")
     record = {k: summary[k] for k in (*keys, "trainer_idle_seconds", "stale_dropped")}

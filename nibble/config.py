@@ -2,23 +2,21 @@
 
 Every model forbids unknown keys, so a misspelt or renamed key fails loudly, naming it. Environment
 variables override YAML values: ``NIBBLE_TRAINER__LEARNING_RATE=1e-4`` sets ``trainer.learning_rate``
-(sections and fields joined by ``__``, values parsed as YAML scalars). Secrets (tokens, passwords) are
+(``nibble.config_env``: every ``NIBBLE_*`` variable applies or fails, naming itself). Secrets (tokens, passwords) are
 never values here, only the files or environment variables they are read from.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from nibble import devices
-
-ENV_PREFIX = "NIBBLE_"
-
+from nibble import config_env, devices
 
 Device = Annotated[str, AfterValidator(lambda v: devices.check("device", v))]
 """``cpu``, ``cuda`` or ``cuda:N`` (physical GPU N; see :mod:`nibble.devices`)."""
@@ -287,65 +285,62 @@ class RunConfig(Section):
                 )
 
 
-def load(path: Path | None, environ: dict[str, str] | None = None) -> RunConfig:
+def load(path: Path | None, environ: Mapping[str, str] | None = None) -> RunConfig:
     """Read ``path`` (YAML; ``None`` = all defaults), apply ``NIBBLE_*`` overrides, validate.
 
     Raises:
-        ValueError: naming the file and the key, for an unreadable/invalid YAML file, an unknown key,
-            a wrong type or value, or settings that cannot make progress.
+        ValueError: naming the file and the key — or the environment variable, for a value it set — for an
+            unreadable/invalid YAML file, an unknown key or variable, a wrong type or value, or settings
+            that cannot make progress.
     """
-    data: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ValueError(f"{path}: config file not found")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{path}: not valid YAML ({exc})") from exc
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: the top level must be a mapping of sections")
-    from_environment = _apply_environment(data, os.environ if environ is None else environ)
-    try:
-        return RunConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ValueError(f"{path or 'config'}: {_describe(exc, from_environment)}") from None
+    return load_with_overrides(path, environ)[0]
 
 
-def _apply_environment(data: dict[str, Any], environ: dict[str, str]) -> dict[tuple[str, ...], str]:
-    """Merge ``NIBBLE_SECTION__FIELD`` variables into ``data``; returns which variable set each key path (so
-    errors name the variable, not the file). ``NIBBLE_*`` names without ``__`` that are not top-level keys
-    (secrets such as ``NIBBLE_PUBLISH_TOKEN``) are not config keys and are left alone.
+def load_with_overrides(
+    path: Path | None, environ: Mapping[str, str] | None = None, data: dict[str, Any] | None = None
+) -> tuple[RunConfig, config_env.Overrides]:
+    """:func:`load`, also returning which keys the environment set; with ``data``, that mapping (already
+    read from ``path``, e.g. a run's recorded config) instead of the file's contents.
 
     Raises:
-        ValueError: a ``NIBBLE_X__Y`` variable whose ``X`` is no config section (a misspelt override would
-            otherwise be ignored), or one that descends into a value that is not a section.
+        ValueError: as :func:`load`.
     """
-    sources: dict[tuple[str, ...], str] = {}
-    for key, raw in sorted(environ.items()):
-        if not key.startswith(ENV_PREFIX):
-            continue
-        parts = key[len(ENV_PREFIX) :].lower().split("__")
-        if parts[0] not in RunConfig.model_fields:
-            if len(parts) > 1:
-                sections = ", ".join(sorted(RunConfig.model_fields))
-                raise ValueError(f"{key} (environment): no config section {parts[0]!r} (one of {sections})")
-            continue
-        target = data
-        for part in parts[:-1]:
-            target = target.setdefault(part, {})
-            if not isinstance(target, dict):
-                raise ValueError(f"{key} (environment): {part} is not a section")
-        target[parts[-1]] = yaml.safe_load(raw) if raw else raw
-        sources[tuple(parts)] = key
-    return sources
+    if data is None:
+        data = _read(path)
+    overrides = config_env.apply(data, os.environ if environ is None else environ, RunConfig)
+    try:
+        return RunConfig.model_validate(data), overrides
+    except ValidationError as exc:
+        raise ValueError(_describe(exc, path, overrides)) from None
 
 
-def _describe(exc: ValidationError, from_environment: dict[tuple[str, ...], str] | None = None) -> str:
+def _read(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: config file not found")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the top level must be a mapping of sections")
+    return data
+
+
+def _describe(exc: ValidationError, path: Path | None, overrides: config_env.Overrides) -> str:
+    """One line per problem, blaming the environment variable that set the value when one did."""
+    source = str(path) if path is not None else "config"
     lines = []
     for error in exc.errors():
-        path = tuple(str(p) for p in error["loc"])
-        where = ".".join(path) or "config"
-        variable = (from_environment or {}).get(path)
-        lines.append(f"{where} (from {variable}): {error['msg']}" if variable else f"{where}: {error['msg']}")
+        where = ".".join(str(p) for p in error["loc"])
+        variable = overrides.variable_for(error["loc"]) if error["loc"] else None
+        if variable is not None:
+            lines.append(f"{variable}: {where}: {error['msg']}")
+        elif where:
+            lines.append(f"{source}: {where}: {error['msg']}")
+        else:  # a cross-field check: the file and every variable may have a part in it
+            also = f" with {', '.join(sorted(overrides.by_key.values()))}" if overrides.by_key else ""
+            lines.append(f"{source}{also}: {error['msg']}")
     return "; ".join(lines)

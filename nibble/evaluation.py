@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from nibble.model.generate import generate
 from nibble.model.transformer import MoETransformer
 from nibble.tasks import Example, Task
+
+
+class EvaluationStopped(Exception):
+    """``should_stop`` said so between two batches of :func:`accuracy`."""
 
 
 def decode_response(task: Task, tokens: Sequence[int]) -> str:
@@ -26,15 +30,22 @@ def accuracy(
     examples: Sequence[Example] | None = None,
     batch: int = 128,
     stop_early: bool = True,
+    should_stop: Callable[[], bool] | None = None,
 ) -> float:
     """Fraction of ``examples`` (default: the task's evaluation split) answered with reward ≥ 1 under
     greedy decoding; a response whose reward fails (``None``) counts as wrong. ``stop_early=False`` for
-    an FSDP-sharded model (see :func:`nibble.model.generate.generate`)."""
+    an FSDP-sharded model (see :func:`nibble.model.generate.generate`).
+
+    Raises:
+        EvaluationStopped: ``should_stop()`` returned True before a batch (a service shutting down).
+    """
     examples = list(task.eval_examples() if examples is None else examples)
     if not examples:
         raise ValueError("accuracy: no evaluation examples")
     correct = 0
     for start in range(0, len(examples), batch):
+        if should_stop is not None and should_stop():
+            raise EvaluationStopped
         chunk = examples[start : start + batch]
         out = generate(
             model,

@@ -3,7 +3,10 @@
 It starts a private ``redis-server`` (unless given a URL), the weight-sync service, the trainer and
 ``num_samplers`` samplers — each a separate Python process started by command line, never imported
 — shows live progress from the trainer's ``metrics.jsonl``, and stops every child on completion,
-error or Ctrl-C. Secrets (the bearer tokens) reach children through the environment only.
+error, Ctrl-C or SIGTERM — in dependency order, each stage given time to finish cleanly: samplers first,
+then the trainer (which checkpoints its last step), then weight-sync, then Redis, which the others need
+until they stop. A second Ctrl-C kills what is left. Secrets (the bearer tokens) reach children through
+the environment only.
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +32,19 @@ from nibble.monitoring import prometheus as local_prometheus
 from nibble.monitoring.prometheus import Target
 
 STOP_GRACE_SECONDS = 20.0
+STOP_GRACE_BY_STAGE = {"trainer": 180.0}
+"""Seconds a stage may take to stop before it is killed: the trainer finishes its step (an evaluation of
+the held-out set included, a minute on a busy 2-core machine) and writes its checkpoint."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C (SIGINT) or SIGTERM reached the launcher; every child was stopped, in order, before this was
+    raised. ``exit_code`` is the shell's convention for the signal (130, 143)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.exit_code = 128 + signum
 
 
 def free_port() -> int:
@@ -41,6 +59,8 @@ class Child:
     name: str
     process: subprocess.Popen
     log: Path
+    stage: str = ""
+    """Children of one stage stop together (all samplers); stages stop in reverse start order."""
 
 
 @dataclass
@@ -51,9 +71,9 @@ class Cluster:
     children: list[Child] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
 
-    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
-        """Start ``argv`` in its own session, output to ``logs/<name>.log``; ``env`` adds to this child's
-        environment only."""
+    def start(self, name: str, argv: list[str], stage: str = "", env: dict[str, str] | None = None) -> Child:
+        """Start ``argv`` in its own session, output to ``logs/<name>.log``, stopping with ``stage`` (default:
+        its own); ``env`` adds to this child's environment only."""
         logs = self.out / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         log = logs / f"{name}.log"
@@ -66,7 +86,7 @@ class Cluster:
             start_new_session=True,
         )
         handle.close()
-        child = Child(name, process, log)
+        child = Child(name, process, log, stage or name)
         self.children.append(child)
         return child
 
@@ -77,6 +97,7 @@ class Cluster:
         config: Path,
         *extra: str,
         nproc_per_node: int = 1,
+        stage: str = "",
         device: str = "cpu",
         env: dict | None = None,
     ) -> Child:
@@ -87,7 +108,7 @@ class Cluster:
         if nproc_per_node > 1:
             python += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc_per_node)]
         argv = [*python, "-m", module, "--config", str(config), *extra]
-        return self.start(name, argv, {**devices.child_environment(device), **(env or {})})
+        return self.start(name, argv, stage, {**devices.child_environment(device), **(env or {})})
 
     def failed(self) -> Child | None:
         """A child that exited with an error (or at all, for services that should keep running)."""
@@ -96,19 +117,51 @@ class Cluster:
                 return child
         return None
 
-    def stop(self) -> None:
-        """SIGTERM every child (newest first), then SIGKILL what is left after the grace period."""
-        for child in reversed(self.children):
+    def stop(self, report: Callable[[str], None] | None = None) -> None:
+        """Stop every child, stage by stage in reverse start order: SIGTERM the stage, wait for it (its grace
+        period: :data:`STOP_GRACE_BY_STAGE`, else :data:`STOP_GRACE_SECONDS`), SIGKILL what is left of it,
+        then the next stage. A SIGINT or SIGTERM meanwhile (a second Ctrl-C) kills everything left at once.
+        ``report`` gets one line per stage (what is stopping, then how long it took)."""
+        report = report or (lambda _line: None)
+        hurry = threading.Event()
+        with _signals_set(hurry):
+            for stage in dict.fromkeys(c.stage for c in reversed(self.children)):
+                children = [c for c in self.children if c.stage == stage and c.process.poll() is None]
+                if children:
+                    self._stop_stage(stage, children, hurry, report)
+
+    def _stop_stage(self, stage: str, children: list[Child], hurry: threading.Event, report) -> None:
+        names = ", ".join(c.name for c in children)
+        report(f"stopping {stage}" + (f" ({names})" if names != stage else ""))
+        started = time.monotonic()
+        for child in children:
+            child.process.send_signal(signal.SIGTERM)
+        deadline = started + STOP_GRACE_BY_STAGE.get(stage, STOP_GRACE_SECONDS)
+        while any(c.process.poll() is None for c in children):
+            if hurry.is_set() or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        killed = [c.name for c in children if c.process.poll() is None]
+        for child in children:
             if child.process.poll() is None:
-                child.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_SECONDS
-        for child in reversed(self.children):
-            remaining = max(0.1, deadline - time.monotonic())
-            try:
-                child.process.wait(timeout=remaining)
-            except subprocess.TimeoutExpired:
                 os.killpg(child.process.pid, signal.SIGKILL)
-                child.process.wait()
+            child.process.wait()
+        took = time.monotonic() - started
+        report(f"stopped {stage} in {took:.1f} s" + (f" (killed {', '.join(killed)})" if killed else ""))
+
+
+@contextmanager
+def _signals_set(event: threading.Event):
+    """While stopping: SIGINT/SIGTERM set ``event`` instead of interrupting the orderly stop (main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, lambda *_: event.set()) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def start_redis(cluster: Cluster, directory: Path) -> str:
@@ -180,11 +233,13 @@ def launch(
     *,
     redis_url: str | None = None,
     on_progress: Callable[[Path], None] | None = None,
-    poll_seconds: float = 1.0,
+    on_stop: Callable[[str], None] | None = None,
     prometheus: bool = False,
     announce: Callable[[str], None] = lambda message: None,
+    poll_seconds: float = 1.0,
 ) -> RunConfig:
-    """Run the services until the trainer finishes; return the effective config.
+    """Run the services until the trainer finishes; return the effective config. However it ends, every
+    child is stopped in order (``on_stop`` gets a line per stage) before this returns or raises.
 
     With ``prometheus``, a local Prometheus (:mod:`nibble.monitoring.prometheus`) scrapes every service
     with the alert and recording rules, its TSDB in ``out/prometheus/data``; ``announce`` gets its URL.
@@ -192,13 +247,14 @@ def launch(
     Raises:
         ValueError: the trainer asks for more GPUs than this machine has (nothing is started).
         RuntimeError: naming the child (and its log) that failed, or Prometheus missing (nothing started).
+        Interrupted: SIGINT (Ctrl-C) or SIGTERM reached this process.
     """
     check_devices(config)
     if prometheus:
         local_prometheus.binary()  # refuse before anything starts
     out.mkdir(parents=True, exist_ok=True)
     cluster = Cluster(out, env=child_environment())
-    previous = signal.signal(signal.SIGTERM, _raise_exit)  # so the children are stopped on SIGTERM too
+    previous = {signum: signal.signal(signum, _interrupt) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         url = redis_url or start_redis(cluster, out / "redis")
         effective = effective_config(config, out, url, metrics_ports=prometheus)
@@ -215,7 +271,7 @@ def launch(
             env = {"NIBBLE_SAMPLER__METRICS_PORT": str(port)} if port else None
             name = f"sampler-{i}"
             argv = ("--name", name, "--out", str(out))
-            cluster.start_service(name, "nibble.sampler", path, *argv, device=s.device, env=env)
+            cluster.start_service(name, "nibble.sampler", path, *argv, stage="samplers", device=s.device, env=env)
         while trainer.process.poll() is None:
             failed = cluster.failed()
             if failed is not None:
@@ -229,8 +285,9 @@ def launch(
             on_progress(out)
         return effective
     finally:
-        cluster.stop()
-        signal.signal(signal.SIGTERM, previous)
+        cluster.stop(on_stop)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def targets(config: RunConfig, sampler_ports: list[int]) -> list[Target]:
@@ -283,5 +340,5 @@ def check_devices(config: RunConfig) -> None:
             raise ValueError(f"{key}={device} but this machine has {visible} GPU(s) visible")
 
 
-def _raise_exit(signum, _frame) -> None:
-    raise SystemExit(128 + signum)
+def _interrupt(signum, _frame) -> None:
+    raise Interrupted(signum)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -68,8 +69,16 @@ def task_of(checkpoint: Path) -> Task:
         raise ValueError(f"{record}: malformed task record ({exc})") from exc
 
 
-def measure(checkpoint: Path, *, prompts: int = 128, temperature: float = 1.0, seed: int = 0) -> list[MismatchRow]:
-    """Rows for every plan of :func:`plan_variants` and both trainer arrangements."""
+def measure(
+    checkpoint: Path,
+    *,
+    prompts: int = 128,
+    temperature: float = 1.0,
+    seed: int = 0,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> list[MismatchRow]:
+    """Rows for every plan of :func:`plan_variants` and both trainer arrangements; ``progress(done, total,
+    plan)`` before the first plan and after each (sampling and both scorings)."""
     checkpoint = Path(checkpoint)
     config = load_config(checkpoint)
     with task_of(checkpoint) as task:
@@ -83,7 +92,10 @@ def measure(checkpoint: Path, *, prompts: int = 128, temperature: float = 1.0, s
         stops, pad = [task.tokenizer.eos_id], task.tokenizer.pad_id
         bf16_trainer = from_pretrained(checkpoint).eval()
         rows = []
-        for label, plan in plan_variants(config.num_hidden_layers).items():
+        variants = plan_variants(config.num_hidden_layers)
+        if progress:
+            progress(0, len(variants), "")
+        for done, (label, plan) in enumerate(variants.items(), start=1):
             trainer = from_pretrained(checkpoint, plan=plan).eval()
             sampler = copy.deepcopy(trainer).pack()
             out = generate(
@@ -98,6 +110,8 @@ def measure(checkpoint: Path, *, prompts: int = 128, temperature: float = 1.0, s
             mu = torch.cat([torch.tensor(lp) for lp in out.logprobs])
             for arrangement, scorer in (("same_quantized_forward", trainer), ("plain_bf16", bf16_trainer)):
                 rows.append(_row(label, arrangement, scorer, prompt_ids, out.tokens, mu, temperature, pad))
+            if progress:
+                progress(done, len(variants), label)
     return rows
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from nibble.kernels import mxfp8, nvfp4
-from nibble.weights import read_safetensors, safetensors_files
+from nibble.weights import read_safetensors, safetensors_files, safetensors_shapes
 
 # Every format of the report needs K % 32 == 0 (MXFP8's block); smaller-block formats then fit too.
 REPORT_BLOCK = mxfp8.MXFP8_BLOCK
@@ -84,11 +84,19 @@ class WeightSource:
         self.files = safetensors_files(self.path)
         self.skipped = 0
 
+    def elements(self) -> int:
+        """Elements of the qualifying tensors, from the files' headers (nothing is loaded).
+
+        Raises:
+            ValueError: naming a file that is not a readable safetensors file.
+        """
+        shapes = safetensors_shapes(self.path)
+        return sum(_numel(shape) for _, shape, dtype in shapes if _qualifies(shape, dtype.startswith(("F", "BF"))))
+
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         found = False
         for name, tensor in read_safetensors(self.path):
-            qualifies = tensor.dim() >= 2 and tensor.numel() and tensor.shape[-1] % REPORT_BLOCK == 0
-            if not (qualifies and tensor.is_floating_point()):
+            if not _qualifies(tensor.shape, tensor.is_floating_point()):
                 self.skipped += 1
                 continue
             found = True
@@ -102,8 +110,25 @@ class WeightSource:
             )
 
 
-def measure(source: str, tensors: Iterable[tuple[str, torch.Tensor]], skipped: int = 0) -> list[FormatError]:
-    """Pooled relative MSE of every format in :data:`FORMATS` over ``tensors``.
+def _qualifies(shape, floating: bool) -> bool:
+    return floating and len(shape) >= 2 and _numel(shape) > 0 and shape[-1] % REPORT_BLOCK == 0
+
+
+def _numel(shape) -> int:
+    n = 1
+    for size in shape:
+        n *= int(size)
+    return n
+
+
+def measure(
+    source: str,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    skipped: int = 0,
+    progress: Callable[[int, str], None] | None = None,
+) -> list[FormatError]:
+    """Pooled relative MSE of every format in :data:`FORMATS` over ``tensors``; ``progress(elements,
+    name)`` after each tensor.
 
     Raises:
         ValueError: when every tensor is zero (relative error undefined).
@@ -113,7 +138,7 @@ def measure(source: str, tensors: Iterable[tuple[str, torch.Tensor]], skipped: i
     blocks = 0
     norm = 0.0
     elements = 0
-    for _, x in tensors:
+    for tensor_name, x in tensors:
         norm += float(x.double().pow(2).sum())
         elements += x.numel()
         blocks += x.numel() // nvfp4.NVFP4_BLOCK
@@ -122,6 +147,8 @@ def measure(source: str, tensors: Iterable[tuple[str, torch.Tensor]], skipped: i
             err[name] += float((x_hat.double() - x.double()).pow(2).sum())
             if map_to_4 is not None:
                 map4[name] += int(map_to_4.sum())
+        if progress:
+            progress(x.numel(), source if tensor_name == source else f"{source}: {tensor_name}")
     if norm == 0:
         raise ValueError(f"{source}: every tensor is zero; relative error is undefined")
     return [
@@ -138,9 +165,16 @@ def measure(source: str, tensors: Iterable[tuple[str, torch.Tensor]], skipped: i
 
 
 def report(
-    rows: int, cols: int, seed: int, weights: Path | None, weights_label: str | None = None
+    rows: int,
+    cols: int,
+    seed: int,
+    weights: Path | None,
+    weights_label: str | None = None,
+    progress: Callable[[int, str], None] | None = None,
+    on_start: Callable[[int], None] | None = None,
 ) -> list[FormatError]:
     """All cells: Gaussian and Student-t ``[rows, cols]``, plus the weights at ``weights`` if given.
+    ``on_start(elements)`` gets the work's size before it begins, ``progress`` as in :func:`measure`.
 
     Raises:
         ValueError: ``rows * cols`` above :data:`MAX_SYNTHETIC_ELEMENTS`, or bad weights (see
@@ -151,11 +185,13 @@ def report(
             f"--rows {rows} x --cols {cols} = {rows * cols} elements; at most {MAX_SYNTHETIC_ELEMENTS} (1 GiB float32)"
         )
     source = WeightSource(weights) if weights is not None else None
-    results = measure("gaussian", gaussian(rows, cols, seed))
-    results += measure("student_t3", student_t(rows, cols, seed))
+    if on_start:
+        on_start(2 * rows * cols + (source.elements() if source is not None else 0))
+    results = measure("gaussian", gaussian(rows, cols, seed), progress=progress)
+    results += measure("student_t3", student_t(rows, cols, seed), progress=progress)
     if source is not None:
         label = weights_label or f"weights:{source.path.name}"
-        cells = measure(label, source)
+        cells = measure(label, source, progress=progress)
         results += [replace(c, skipped_tensors=source.skipped) for c in cells]
     return results
 

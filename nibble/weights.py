@@ -39,3 +39,20 @@ def read_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
                     yield name, handle.get_tensor(name)
         except (SafetensorError, OSError) as exc:
             raise ValueError(f"{file}: not a readable safetensors file ({exc})") from exc
+
+
+def safetensors_shapes(path: Path) -> Iterator[tuple[str, list[int], str]]:
+    """Yield ``(name, shape, dtype)`` for every tensor under ``path`` from the files' headers (nothing is
+    loaded); ``dtype`` as safetensors spells it (``F32``, ``BF16``, ``I64``, …).
+
+    Raises:
+        ValueError: naming the file, when it is not a readable safetensors file.
+    """
+    for file in safetensors_files(path):
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                for name in handle.keys():  # noqa: SIM118 (safe_open handles are not iterable)
+                    piece = handle.get_slice(name)
+                    yield name, list(piece.get_shape()), piece.get_dtype()
+        except (SafetensorError, OSError) as exc:
+            raise ValueError(f"{file}: not a readable safetensors file ({exc})") from exc

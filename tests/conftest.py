@@ -13,6 +13,8 @@ if not torch.cuda.is_available():
 
 from tests.services import RedisServer, redis_config
 
+pytest_plugins = ["tests.heartbeat"]
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():

@@ -21,10 +21,18 @@ def mismatch(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
 ) -> None:
     """Sample with each plan's sampler, score on the trainer side; print mean |Δlogprob| and k3 KL."""
+    from nibble.cli.progress import Progress
     from nibble.mismatch import as_json as rows_json
     from nibble.mismatch import measure
 
-    rows = measure(checkpoint, prompts=prompts, temperature=temperature, seed=seed)
+    with Progress("precision plans", 0, unit="plans") as bar:
+
+        def progress(done: int, total: int, plan: str) -> None:
+            bar.set_total(total)
+            if done:
+                bar.advance(note=plan)
+
+        rows = measure(checkpoint, prompts=prompts, temperature=temperature, seed=seed, progress=progress)
     if as_json:
         typer.echo(json.dumps(rows_json(rows), indent=2))
         return

@@ -45,8 +45,19 @@ def quant_error(
 
     if cols % qe.REPORT_BLOCK:
         raise ValueError(f"--cols {cols} is not a multiple of {qe.REPORT_BLOCK} (the MXFP8 block)")
+    from nibble.cli.progress import Progress
+
     label = "minilm_l6" if weights == MINILM_ALIAS else None
-    results = qe.report(rows, cols, seed, _resolve_weights(weights), label)
+    with Progress("quantising", 0, unit="M elements", per_unit=1e6) as bar:
+        results = qe.report(
+            rows,
+            cols,
+            seed,
+            _resolve_weights(weights),
+            label,
+            progress=lambda n, name: bar.advance(n, name),
+            on_start=bar.set_total,
+        )
     if as_json:
         typer.echo(json.dumps(qe.as_json(results), indent=2))
         return

@@ -65,19 +65,14 @@ def sft(
     options = parse_options(task_option or [])
     import torch
 
-    from nibble.sft import save_warm_start, train_sft
+    from nibble.sft import save_warm_start
     from nibble.tasks import get_task
 
     torch.set_num_threads(threads)
 
     writable_directory(out)
     with get_task(task, **options) as chosen:
-
-        def progress(step: int, loss: float, evaluated: float | None) -> None:
-            if evaluated is not None:
-                typer.echo(f"step {step:5d}  loss {loss:.4f}  held-out accuracy {evaluated:.3f}")
-
-        model, result = train_sft(
+        model, result = train_with_progress(
             chosen,
             steps=steps,
             batch_size=batch_size,
@@ -85,7 +80,24 @@ def sft(
             target_accuracy=target_accuracy,
             eval_every=eval_every,
             seed=seed,
-            progress=progress,
         )
         save_warm_start(model, result, {"name": task, "options": options}, out)
     typer.echo(f"warm start: {result.steps} steps, held-out accuracy {result.eval_accuracy:.3f} -> {out}")
+
+
+def train_with_progress(task, *, steps: int, **options):
+    """``nibble.sft.train_sft`` with a progress bar over the step budget (an ETA to the budget: reaching
+    ``target_accuracy`` stops it sooner) and a line per held-out evaluation."""
+    from nibble.cli.progress import Progress
+    from nibble.sft import train_sft
+
+    target = options.get("target_accuracy")
+    until = f" (stops at held-out accuracy ≥ {target})" if target else ""
+    with Progress(f"warm start{until}", steps, unit="steps") as bar:
+
+        def progress(step: int, loss: float, evaluated: float | None) -> None:
+            bar.advance(note=f"loss {loss:.3f}")
+            if evaluated is not None:
+                bar.print(f"warm start step {step:5d}  loss {loss:.4f}  held-out accuracy {evaluated:.3f}")
+
+        return train_sft(task, steps=steps, progress=progress, **options)

@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if health is not None:
             health.stop()
+    logging.getLogger("nibble.sampler").info("stopped: %d groups written", sampler.stats.groups_written)
     return 0
 
 

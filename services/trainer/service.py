@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from nibble.config import RunConfig
-from nibble.evaluation import accuracy
+from nibble.evaluation import EvaluationStopped, accuracy
 from nibble.metrics import Metrics
 from nibble.model import MoETransformer
 from nibble.provenance import provenance
@@ -33,6 +33,11 @@ log = logging.getLogger("nibble.trainer")
 
 class Stopped(Exception):
     """Raised inside the loop when a shutdown was requested."""
+
+
+class StepAbandoned(Exception):
+    """A shutdown interrupted a step's evaluation: the step is dropped, not checkpointed (its entries are
+    not acknowledged), and a resumed trainer does it again."""
 
 
 @dataclass
@@ -83,6 +88,7 @@ class Trainer:
         self.shard = shard
         self.leader = shard is None or shard.rank == 0
         self.provenance = provenance(config)
+        self.checkpointed_step = state.step
 
     # -- consuming -----------------------------------------------------------------------------------
 
@@ -222,9 +228,21 @@ class Trainer:
         self.metrics.policy_version.labels(role="trainer").set(version)
 
     def evaluate(self) -> None:
+        """Held-out accuracy; a shutdown stops it between batches (single process: sharded ranks decode in
+        collectives, so they finish it together).
+
+        Raises:
+            StepAbandoned: ``stop`` was set meanwhile.
+        """
         self.model.eval()
         # sharded: every rank decodes the same examples with a fixed number of (collective) forwards
-        self.state.eval_accuracy = accuracy(self.model, self.task, stop_early=self.shard is None)
+        should_stop = self.stop.is_set if self.shard is None else None
+        try:
+            self.state.eval_accuracy = accuracy(
+                self.model, self.task, stop_early=self.shard is None, should_stop=should_stop
+            )
+        except EvaluationStopped:
+            raise StepAbandoned from None
         self.model.train()
         self.metrics.eval_accuracy.set(self.state.eval_accuracy)
 
@@ -234,6 +252,7 @@ class Trainer:
         self.state.stale_dropped = self.dropped.ids()
         self.state.provenance = self.provenance
         checkpoint.save(self.config.trainer.checkpoint_dir, self.model, self.optimizer, self.state, shard=self.shard)
+        self.checkpointed_step = self.state.step
         if not self.leader:
             return
         if self.unacked:
@@ -283,18 +302,28 @@ class Trainer:
             handle.write(json.dumps(line) + "\n")
 
     def run(self) -> bool:
-        """Train until ``total_steps`` (True) or until ``stop`` is set (False; unacknowledged entries
-        are redelivered to the next trainer, which resumes from the last checkpoint)."""
-        if self.state.step == 0 and self.state.eval_accuracy is None:
-            self.evaluate()  # the warm start's held-out accuracy: the "before" of the run
-            if self.leader:
-                with self.metrics_file.open("a") as handle:
-                    line = {"step": 0, "time": time.time(), "eval_accuracy": self.state.eval_accuracy}
-                    handle.write(json.dumps(line) + "\n")
+        """Train until ``total_steps`` (True) or until ``stop`` is set (False: the step under way finishes
+        and is checkpointed, so a resumed trainer loses nothing; entries read for the next, unfinished step
+        are not acknowledged and are redelivered to it)."""
         try:
+            if self.state.step == 0 and self.state.eval_accuracy is None:
+                self.evaluate()  # the warm start's held-out accuracy: the "before" of the run
+                if self.leader:
+                    with self.metrics_file.open("a") as handle:
+                        line = {"step": 0, "time": time.time(), "eval_accuracy": self.state.eval_accuracy}
+                        handle.write(json.dumps(line) + "\n")
             while self.state.step < self.config.trainer.total_steps:
                 self.step()
+        except StepAbandoned:
+            log.info(
+                "stopped at step %d (checkpointed); step %d was evaluating and is dropped, a resumed trainer redoes it",
+                self.checkpointed_step,
+                self.state.step,
+            )
+            return False
         except Stopped:
-            log.info("stopped at step %d", self.state.step)
+            if self.state.step > self.checkpointed_step:  # checkpoint_every > 1: keep the steps since the last
+                self.checkpoint()
+            log.info("stopped at step %d (checkpointed)", self.state.step)
             return False
         return True

@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"READY publish_port={server.publish_port} port={server.port} metrics_port={server.metrics_port}", flush=True)
     log.info("serving; store %s, keeping %d versions", config.store_dir, config.keep_versions)
-    stop.wait()
+    while not stop.wait(0.2):  # a bounded wait: the signal may land on a gRPC thread, which wakes no one
+        pass
     log.info("shutting down")
     server.stop()
     return 0

@@ -16,14 +16,14 @@ ROOT = Path(__file__).resolve().parents[2]
 NIBBLE = str(Path(sys.executable).with_name("nibble"))
 
 
-def _run(out: Path, warm_start: Path, total_steps: int) -> subprocess.CompletedProcess:
+def _run(out: Path, warm_start: Path, total_steps: int, *flags: str) -> subprocess.CompletedProcess:
     env = {
         **os.environ,
         "NIBBLE_MODEL__CHECKPOINT": str(warm_start),
         "NIBBLE_TRAINER__NPROC_PER_NODE": "2",
         "NIBBLE_TRAINER__TOTAL_STEPS": str(total_steps),
     }
-    argv = [NIBBLE, "run", "--config", str(ROOT / "configs" / "smoke.yaml"), "--out", str(out)]
+    argv = [NIBBLE, "run", "--config", str(ROOT / "configs" / "smoke.yaml"), "--out", str(out), *flags]
     return subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
 
 
@@ -37,7 +37,7 @@ def sharded_run(warm_start, tmp_path_factory):
     first = _run(out, warm_start, total_steps=3)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     after_first = _steps(out)
-    second = _run(out, warm_start, total_steps=5)
+    second = _run(out, warm_start, 5, "--resume")  # extends the finished 3-step run
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     return out, after_first
 

@@ -69,6 +69,21 @@ def test_smoke_run_completes_and_writes_its_outputs(smoke_run):
         assert "Traceback" not in log.read_text(), log.name
 
 
+def test_the_end_of_run_output_is_a_short_human_summary(smoke_run):
+    result, out = smoke_run
+    summary = json.loads((out / "summary.json").read_text())
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"NIBBLE_MODEL__CHECKPOINT sets model.checkpoint = {summary['config']['model']['checkpoint']}"
+    assert lines[1] == f"new run in {out}"
+    assert lines[2].startswith("RL starts from held-out accuracy ") and "precision plan" in lines[2]
+    tail = lines[lines.index(next(x for x in lines if x.startswith("finished 6/6 steps in "))) :]
+    before, after = summary["eval_accuracy_before"], summary["eval_accuracy_after"]
+    assert tail[1] == f"held-out accuracy  {before:.3f} → {after:.3f} ({after - before:+.3f})"
+    assert tail[-1].startswith(f"summary: {out / 'summary.json'}")
+    assert "{" not in result.stdout  # no Python dict
+    assert all(" ETA " in x for x in lines if x.startswith("step "))
+
+
 def test_versions_increase_and_staleness_stays_within_the_cap(smoke_run):
     _, out = smoke_run
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

@@ -56,3 +56,57 @@ def test_bad_configs_name_the_key(tmp_path, yaml_text, env, message):
 def test_a_missing_file_is_named(tmp_path):
     with pytest.raises(ValueError, match="config file not found"):
         load(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        # a misspelt field: named, with the real one, never blamed on the file
+        ({"NIBBLE_TRAINER__LEARNIN_RATE": "1e-4"},
+         r"NIBBLE_TRAINER__LEARNIN_RATE: trainer has no setting 'learnin_rate' \(did you mean "
+         r"NIBBLE_TRAINER__LEARNING_RATE\?\)"),
+        # a misspelt section used to be ignored silently (the run took the default)
+        ({"NIBBLE_TRAINR__LEARNING_RATE": "1e-4"}, r"NIBBLE_TRAINR__LEARNING_RATE: the config has no setting 'trainr' "
+         r"\(did you mean NIBBLE_TRAINER\?\)"),
+        ({"NIBBLE_TRAINER__LEARNING_RATE": "fast"},
+         "NIBBLE_TRAINER__LEARNING_RATE: trainer.learning_rate: Input should be a valid number"),
+        ({"NIBBLE_TRAINER__MAX_STALENESS": "-1"}, "NIBBLE_TRAINER__MAX_STALENESS: trainer.max_staleness: Input should "
+         "be greater than or equal to 0"),
+        ({"NIBBLE_SEED__VALUE": "1"}, r"NIBBLE_SEED__VALUE: seed is a value, not a section \(use NIBBLE_SEED\)"),
+        ({"NIBBLE_TRAINER": "1"}, "NIBBLE_TRAINER: trainer: Input should be a valid dictionary"),
+        ({"NIBBLE_TRAINER__LEARNING_RATE": "[1"}, r"NIBBLE_TRAINER__LEARNING_RATE='\[1': not a YAML value"),
+        ({"NIBBLE_": "1"}, "NIBBLE_: the config has no setting ''"),
+    ],
+)  # fmt: skip
+def test_every_environment_mistake_names_its_variable(env, message):
+    with pytest.raises(ValueError, match=message) as info:
+        load(CONFIGS / "smoke.yaml", env)
+    assert "smoke.yaml" not in str(info.value)
+
+
+def test_a_cross_field_conflict_names_the_file_and_the_variables(tmp_path):
+    with pytest.raises(ValueError, match=r"smoke.yaml with NIBBLE_REDIS__QUEUE_CAPACITY: .*queue_capacity=2"):
+        load(CONFIGS / "smoke.yaml", {"NIBBLE_REDIS__QUEUE_CAPACITY": "2"})
+
+
+def test_free_form_sections_and_secrets_pass_through():
+    config = load(
+        CONFIGS / "smoke.yaml",
+        {
+            "NIBBLE_TASK__OPTIONS__DIGITS": "3",  # task options are the task's own keys
+            "NIBBLE_MODEL__CHECKPOINT": "elsewhere",
+            "NIBBLE_REDIS_PASSWORD": "secret",
+            "NIBBLE_FETCH_TOKEN": "secret",
+            "NIBBLE_TEST_WARM_START": "/tmp/warm",
+        },
+    )
+    assert config.task.options["digits"] == 3 and config.task.options["eval_size"] == 512
+    assert str(config.model.checkpoint) == "elsewhere"
+
+
+def test_the_variables_the_services_read_are_not_mistaken_for_config_keys():
+    from nibble.config_env import NOT_CONFIG
+    from nibble.transport.auth import FETCH_TOKEN_ENV, PUBLISH_TOKEN_ENV
+    from nibble.transport.connection import PASSWORD_ENV
+
+    assert {FETCH_TOKEN_ENV, PUBLISH_TOKEN_ENV, PASSWORD_ENV} <= NOT_CONFIG

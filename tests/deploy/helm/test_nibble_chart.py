@@ -123,7 +123,7 @@ def launcher_trainer_argv(nproc: int) -> list[str]:
     """The trainer's argv as ``nibble run`` builds it (nibble/launcher.py), with ``python`` for the interpreter."""
     started = []
     cluster = Cluster(Path("unused"))
-    cluster.start = lambda name, argv, env=None: started.append(argv)
+    cluster.start = lambda name, argv, stage="", env=None: started.append(argv)
     cluster.start_service("trainer", "nibble.trainer", Path(CONFIG_PATH), "--out", "/data/out", nproc_per_node=nproc)
     return ["python", *started[0][1:]]
 

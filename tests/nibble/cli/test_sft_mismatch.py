@@ -31,6 +31,7 @@ def test_mismatch_orders_formats_and_the_same_forward_is_exact(warm_start):
     plain = {plan: r["logprob_abs_diff"] for (plan, trainer), r in rows.items() if trainer == "plain_bf16"}
     full = "tail15=off shared_bf16=off"
     assert plain["bf16"] < 1e-4 < plain[f"mxfp8 {full}"] < plain[f"nvfp4 {full}"]
+    assert "precision plans: 13/13 plans (100%)" in result.stderr and "ETA" in result.stderr  # progress, off stdout
 
 
 @pytest.mark.parametrize(

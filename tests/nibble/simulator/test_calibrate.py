@@ -306,6 +306,7 @@ def test_a_summary_with_nibble_s_own_plan_values(tmp_path):
 def test_the_summary_nibble_run_writes(tmp_path):
     from nibble.config import PlanConfig, RunConfig, TrainerConfig
     from nibble.run_report import summarize
+    from nibble.rundir import Segment
 
     config = RunConfig(
         plan=PlanConfig(format="nvfp4", four_over_six="mse", backward="quantized", bf16_shared_experts=True),
@@ -317,7 +318,7 @@ def test_the_summary_nibble_run_writes(tmp_path):
         for k, value in ((1, 0.03), (2, 0.034))
     ]  # fmt: skip
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in steps))
-    summary = summarize(tmp_path, config, 10.0)
+    summary = summarize(tmp_path, config, [Segment(0.0, 0, "finished", ended_at=10.0)])
     assert summary["fresh_logprob_abs_diff_mean"] is None and summary["four_over_six"] is True
     write(tmp_path / "summary.json", summary)
     cal = load([tmp_path])

@@ -1,0 +1,71 @@
+"""The launcher's stop with real child processes: stages in reverse start order, each given its grace
+period, a stage that will not stop killed, and a second Ctrl-C killing what is left at once."""
+
+import os
+import signal
+import sys
+import threading
+import time
+
+from nibble import launcher
+from nibble.launcher import Cluster
+
+# A child that notes its SIGTERM (to the file named by argv[1]) and exits after argv[2] seconds, or never.
+CHILD = """
+import signal, sys, time
+def term(*_):
+    open(sys.argv[1], "a").write(f"{time.monotonic()}\\n")
+    if sys.argv[2] != "never":
+        time.sleep(float(sys.argv[2]))
+        sys.exit(0)
+signal.signal(signal.SIGTERM, term)
+open(sys.argv[1] + ".up", "w").close()
+while True:
+    time.sleep(0.05)
+"""
+
+
+def start(cluster: Cluster, tmp_path, name: str, linger: str, stage: str = ""):
+    child = cluster.start(name, [sys.executable, "-c", CHILD, str(tmp_path / name), linger], stage)
+    while not (tmp_path / f"{name}.up").exists():
+        time.sleep(0.02)
+    return child
+
+
+def termed_at(tmp_path, name: str) -> float:
+    return float((tmp_path / name).read_text().split()[0])
+
+
+def test_stages_stop_in_reverse_start_order_one_after_the_other(tmp_path):
+    cluster = Cluster(tmp_path)
+    for name, linger, stage in [("redis", "0", ""), ("trainer", "0.3", ""), ("sampler-0", "0.3", "samplers"),
+                                ("sampler-1", "0.1", "samplers")]:  # fmt: skip
+        start(cluster, tmp_path, name, linger, stage)
+    said = []
+    cluster.stop(said.append)
+    assert [line.split(" in ")[0] for line in said] == [
+        "stopping samplers (sampler-0, sampler-1)", "stopped samplers",
+        "stopping trainer", "stopped trainer", "stopping redis", "stopped redis",
+    ]  # fmt: skip
+    samplers = min(termed_at(tmp_path, "sampler-0"), termed_at(tmp_path, "sampler-1"))
+    assert samplers + 0.3 <= termed_at(tmp_path, "trainer")  # the trainer waited for the slower sampler
+    assert termed_at(tmp_path, "trainer") + 0.3 <= termed_at(tmp_path, "redis")
+    assert all(c.process.returncode == 0 for c in cluster.children)
+
+
+def test_a_stage_past_its_grace_is_killed_and_a_second_ctrl_c_kills_the_rest(tmp_path, monkeypatch):
+    monkeypatch.setattr(launcher, "STOP_GRACE_BY_STAGE", {"stubborn": 0.5})
+    monkeypatch.setattr(launcher, "STOP_GRACE_SECONDS", 60.0)
+    cluster = Cluster(tmp_path)
+    start(cluster, tmp_path, "last", "never")
+    start(cluster, tmp_path, "patient", "never")
+    start(cluster, tmp_path, "stubborn", "never")
+    threading.Timer(1.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()  # the user presses Ctrl-C again
+    said = []
+    started = time.monotonic()
+    cluster.stop(said.append)
+    assert time.monotonic() - started < 10  # not the 60 s grace of "patient"
+    assert said[1].startswith("stopped stubborn in 0.") and said[1].endswith("(killed stubborn)")
+    assert said[3].endswith("(killed patient)") and said[5].endswith("(killed last)")
+    assert [c.process.returncode for c in cluster.children] == [-signal.SIGKILL] * 3
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored

@@ -1,0 +1,25 @@
+"""The test suite's heartbeat plugin (tests/heartbeat.py), run on a slow test in a pytest of its own."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_long_test_reports_itself_while_it_runs_with_last_times_duration(tmp_path):
+    slow = "import time\n\ndef test_slow():\n    time.sleep(2.6)\n\ndef test_next():\n    pass\n"
+    (tmp_path / "test_slow.py").write_text(slow)
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "tests.heartbeat", "--heartbeat", "1", "-o", "addopts=",
+            "-o", f"cache_dir={tmp_path / 'cache'}", "--rootdir", str(tmp_path), str(tmp_path)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    first = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    beats = re.findall(r"test_slow.py::test_slow running for (\d) s; 2 tests to go\n", first.stdout)  # no history
+    assert len(beats) >= 2 and beats[0] < beats[1], first.stdout
+    assert "test_next running" not in first.stdout  # a quick test says nothing
+    second = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    pattern = r"test_slow running for \d s \(took 3 s last time\); 2 tests to go, about \d s left\n"
+    assert re.search(pattern, second.stdout), second.stdout
