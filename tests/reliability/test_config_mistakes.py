@@ -38,10 +38,13 @@ def test_a_sampler_with_a_bad_metrics_host_exits_2_naming_it(tmp_path):
 @pytest.mark.parametrize(
     ("environ", "message"),
     [
-        ({"NIBBLE_TRAINER__LERNING_RATE": "1e-4"}, "trainer.lerning_rate (from NIBBLE_TRAINER__LERNING_RATE): Extra"),
-        ({"NIBBLE_TRAINER__LEARNING_RATE": "fast"}, "trainer.learning_rate (from NIBBLE_TRAINER__LEARNING_RATE):"),
-        ({"NIBBLE_TRAINR__TOTAL_STEPS": "3"}, "NIBBLE_TRAINR__TOTAL_STEPS (environment): no config section 'trainr'"),
-        ({"NIBBLE_SEED__X": "3"}, "NIBBLE_SEED__X (environment): seed is not a section"),
+        (
+            {"NIBBLE_TRAINER__LERNING_RATE": "1e-4"},
+            "NIBBLE_TRAINER__LERNING_RATE: trainer has no setting 'lerning_rate'",
+        ),
+        ({"NIBBLE_TRAINER__LEARNING_RATE": "fast"}, "NIBBLE_TRAINER__LEARNING_RATE: trainer.learning_rate:"),
+        ({"NIBBLE_TRAINR__TOTAL_STEPS": "3"}, "NIBBLE_TRAINR__TOTAL_STEPS: the config has no setting 'trainr'"),
+        ({"NIBBLE_SEED__X": "3"}, "NIBBLE_SEED__X: seed is a value, not a section"),
     ],
 )
 def test_environment_overrides_are_reported_against_the_variable(environ, message):
