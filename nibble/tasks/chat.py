@@ -19,6 +19,7 @@ import jinja2.sandbox
 from jinja2.ext import loopcontrols
 
 CONFIG_FILE = "tokenizer_config.json"
+TEMPLATE_FILE = "chat_template.jinja"  # where transformers >= 4.47 saves the template, beside the config
 
 
 class PromptFormat:
@@ -59,29 +60,29 @@ class PromptFormat:
     def from_model_dir(cls, folder: str | Path, *, system_prompt: str | None = None) -> PromptFormat:
         """The chat template of the model (or tokenizer) directory ``folder``, plain text when it has none.
 
-        The template is ``tokenizer_config.json``'s ``chat_template`` (a string, or a list of named
-        templates of which ``"default"`` is taken); special tokens are its ``*_token`` entries.
+        The template is ``chat_template.jinja`` when the directory has one, else ``tokenizer_config.json``'s
+        ``chat_template`` (a string, or a list of named templates of which ``"default"`` is taken);
+        special tokens are the config's ``*_token`` entries.
 
         Raises:
             ValueError: naming the file, when it is not valid JSON or its template is not valid Jinja.
         """
-        path = Path(folder) / CONFIG_FILE
-        if not path.is_file():
+        path, template_file = Path(folder) / CONFIG_FILE, Path(folder) / TEMPLATE_FILE
+        if not path.is_file() and not template_file.is_file():
             return cls(None, system_prompt=system_prompt, source=str(path))
-        try:
-            config = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"{path}: cannot read it as JSON ({exc})") from exc
-        if not isinstance(config, dict):
-            raise ValueError(f"{path}: expected a JSON object, got {type(config).__name__}")
-        template = _pick_template(config.get("chat_template"), path)
+        config = _read_config(path) if path.is_file() else {}
         tokens = {}
         for key, value in config.items():
             if isinstance(value, dict):
                 value = value.get("content")
             if key.endswith("_token") and isinstance(value, str):
                 tokens[key] = value
-        return cls(template, special_tokens=tokens, system_prompt=system_prompt, source=f"{path}: chat_template")
+        if template_file.is_file():
+            template, source = template_file.read_text(encoding="utf-8"), str(template_file)
+        else:
+            template, source = _pick_template(config.get("chat_template"), path), f"{path}: chat_template"
+        return cls(template, special_tokens=tokens, system_prompt=system_prompt, source=source)
+
 
     def render(self, problem: str) -> str:
         """The prompt text for ``problem``: system and user turns, then the assistant's generation prompt.
@@ -102,6 +103,16 @@ class PromptFormat:
     def __repr__(self) -> str:
         kind = "chat template" if self.is_chat else "plain text"
         return f"PromptFormat({kind}, source={self.source!r})"
+
+
+def _read_config(path: Path) -> dict:
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: cannot read it as JSON ({exc})") from exc
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(config).__name__}")
+    return config
 
 
 def _pick_template(value: object, path: Path) -> str | None:
