@@ -19,7 +19,9 @@ _TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _HASHES = re.compile(r"####[ \t]*([^\n]*)")
 # "The answer is 18", "Final answer: 18", "**Answer:** 18", "the answer is:\n18" (the next non-blank line).
-_PHRASE = re.compile(r"\banswer\b\**[ \t]*(?:is\b[ \t]*:?|:)\**\s*([^\n]*)", re.IGNORECASE)
+# A lookahead, so that "the answer is 3. No: the answer is 4." yields both; a sentence ends the answer.
+_PHRASE = re.compile(r"(?=\banswer\b\**[ \t]*(?:is\b[ \t]*:?|:)\**\s*([^\n]*))", re.IGNORECASE)
+_SENTENCE_END = re.compile(r"\.(?:\s|$)")
 _FRAC = re.compile(r"\\[dt]?frac\s*\{\s*([^{}]*?)\s*\}\s*\{\s*([^{}]*?)\s*\}")
 _OPENERS = ("$", "\\(", "\\[", "*", "`")
 _CLOSERS = ("$", "\\)", "\\]", "*", "`", ".")
@@ -91,7 +93,8 @@ def _last_hashes(response: str) -> str | None:
 
 
 def _last_phrase(response: str) -> str | None:
-    matches = [m for m in _PHRASE.findall(response) if m.strip()]
+    matches = [_SENTENCE_END.split(m, 1)[0] for m in _PHRASE.findall(response)]
+    matches = [m for m in matches if m.strip()]
     return matches[-1] if matches else None
 
 

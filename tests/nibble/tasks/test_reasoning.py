@@ -6,17 +6,17 @@ from nibble.tasks import ReasoningGymTask, extract_answer, get_task
 from nibble.tasks.answers import canonical_number
 from nibble.tasks.eval_sets import gsm8k_test
 from nibble.tasks.reasoning import DEFAULT_SYSTEM_PROMPT, gsm_symbolic_sources
-from tests.nibble.tasks.smollm2 import SMOLLM2_TOKENIZER, smollm2_records
+from tests.nibble.tasks.smollm2 import smollm2_records
 
 
 @pytest.fixture(scope="module")
-def gsm():
-    return get_task("reasoning_gym", dataset="gsm_symbolic", tokenizer=str(SMOLLM2_TOKENIZER))
+def gsm(smollm2_dir):
+    return get_task("reasoning_gym", dataset="gsm_symbolic", tokenizer=str(smollm2_dir))
 
 
-def test_training_streams_are_seeded_and_never_show_a_held_out_problem(gsm):
+def test_training_streams_are_seeded_and_never_show_a_held_out_problem(gsm, smollm2_dir):
     train = gsm.train_examples(40, seed=3)
-    assert train == ReasoningGymTask("gsm_symbolic", tokenizer=SMOLLM2_TOKENIZER).train_examples(40, seed=3)
+    assert train == ReasoningGymTask("gsm_symbolic", tokenizer=smollm2_dir).train_examples(40, seed=3)
     assert [e.id for e in train] != [e.id for e in gsm.train_examples(40, seed=4)]
     assert len({e.id for e in train}) == 40
     assert not {e.prompt for e in train} & {e.prompt for e in gsm.eval_examples()}
@@ -24,8 +24,8 @@ def test_training_streams_are_seeded_and_never_show_a_held_out_problem(gsm):
 
 
 @pytest.mark.parametrize("dataset", ["basic_arithmetic", "chain_sum", "gsm_symbolic"])
-def test_reasoning_gym_answers_score_one_and_others_less(dataset):
-    task = ReasoningGymTask(dataset, tokenizer=SMOLLM2_TOKENIZER, held_out="generated", eval_size=20)
+def test_reasoning_gym_answers_score_one_and_others_less(dataset, smollm2_dir):
+    task = ReasoningGymTask(dataset, tokenizer=smollm2_dir, held_out="generated", eval_size=20)
     examples = task.train_examples(20, seed=0) + task.eval_examples()
     for example in examples:
         assert task.reward(example, f"Let me work it out.\nThe answer is {example.answer}.") == 1.0
@@ -36,19 +36,19 @@ def test_reasoning_gym_answers_score_one_and_others_less(dataset):
     assert {e.id for e in task.eval_examples()}.isdisjoint(e.id for e in task.train_examples(500, seed=0))
 
 
-def test_gsm8k_is_held_out_without_the_problems_gsm_symbolic_templates_came_from(gsm):
+def test_gsm8k_is_held_out_without_the_problems_gsm_symbolic_templates_came_from(gsm, smollm2_dir):
     sources = gsm_symbolic_sources()
     assert 80 <= len(sources) <= 100  # one source per template (reasoning-gym ships 100, a few share one)
     assert "gsm8k:989" in sources  # "Emily can peel 6 shrimp a minute and saute 30 shrimp in 10 minutes..."
     held_out = gsm.eval_examples()
     assert len(held_out) == 1319 - len(sources) and not {e.id for e in held_out} & sources
-    plain = ReasoningGymTask("chain_sum", tokenizer=SMOLLM2_TOKENIZER, held_out="gsm8k", eval_size=1319)
+    plain = ReasoningGymTask("chain_sum", tokenizer=smollm2_dir, held_out="gsm8k", eval_size=1319)
     assert plain.eval_examples() == list(gsm8k_test())  # nothing to decontaminate when not training on its templates
 
 
-def test_prompts_are_the_models_chat_template_token_for_token(gsm):
+def test_prompts_are_the_models_chat_template_token_for_token(gsm, smollm2_dir):
     transformers = pytest.importorskip("transformers")
-    reference = transformers.AutoTokenizer.from_pretrained(SMOLLM2_TOKENIZER)
+    reference = transformers.AutoTokenizer.from_pretrained(smollm2_dir)
     for example in [*gsm.eval_examples()[:3], *gsm.train_examples(3, seed=0)]:
         messages = [{"role": "system", "content": DEFAULT_SYSTEM_PROMPT}, {"role": "user", "content": example.prompt}]
         expected = reference.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
@@ -57,14 +57,14 @@ def test_prompts_are_the_models_chat_template_token_for_token(gsm):
     assert gsm.tokenizer.decode([gsm.tokenizer.eos_id]) == "<|im_end|>"  # the turn's end stops generation
 
 
-def test_without_a_chat_template_prompts_are_bos_and_plain_text():
-    task = ReasoningGymTask("chain_sum", tokenizer=SMOLLM2_TOKENIZER, chat_template=False, system_prompt=None)
+def test_without_a_chat_template_prompts_are_bos_and_plain_text(smollm2_dir):
+    task = ReasoningGymTask("chain_sum", tokenizer=smollm2_dir, chat_template=False, system_prompt=None)
     example = task.eval_examples()[0]
     ids = task.prompt_ids(example)
     assert ids[0] == task.tokenizer.bos_id and task.tokenizer.decode(ids[1:]) == example.prompt + "\n"
 
 
-def test_rewards_of_real_smollm2_responses_follow_their_hand_labels():
+def test_rewards_of_real_smollm2_responses_follow_their_hand_labels(smollm2_dir):
     records = smollm2_records()
     problems = {}
     outcomes = {"correct": 0, "wrong": 0, "no_answer": 0}
@@ -72,7 +72,7 @@ def test_rewards_of_real_smollm2_responses_follow_their_hand_labels():
         options = record["task"]
         key = tuple(sorted(options.items()))
         if key not in problems:
-            task = ReasoningGymTask(tokenizer=SMOLLM2_TOKENIZER, **options)
+            task = ReasoningGymTask(tokenizer=smollm2_dir, **options)
             problems[key] = (task, {e.id: e for e in task.eval_examples()})
         task, by_id = problems[key]
         example = by_id[record["id"]]
@@ -93,8 +93,8 @@ def test_rewards_of_real_smollm2_responses_follow_their_hand_labels():
     assert len(records) >= 36 and all(outcomes.values()), outcomes
 
 
-def test_math500_rewards_equivalent_latex():
-    task = ReasoningGymTask("gsm_symbolic", tokenizer=SMOLLM2_TOKENIZER, held_out="math500", eval_size=3)
+def test_math500_rewards_equivalent_latex(smollm2_dir):
+    task = ReasoningGymTask("gsm_symbolic", tokenizer=smollm2_dir, held_out="math500", eval_size=3)
     polar, _, fraction = task.eval_examples()
     assert task.reward(polar, "So the point is $\\boxed{\\left(3, \\frac{\\pi}{2}\\right)}$.") == 1.0
     assert task.reward(polar, "So the point is $\\boxed{(3, \\pi)}$.") == 0.0
@@ -117,15 +117,15 @@ def test_math500_rewards_equivalent_latex():
         ({"system_prompt": 3}, "system_prompt must be a string or null, got int"),
     ],
 )
-def test_bad_options_are_named(options, message):
+def test_bad_options_are_named(options, message, smollm2_dir):
     with pytest.raises(ValueError, match=message):
-        get_task("reasoning_gym", tokenizer=str(SMOLLM2_TOKENIZER), **options)
+        get_task("reasoning_gym", tokenizer=str(smollm2_dir), **options)
 
 
-def test_missing_tokenizer_and_unknown_options_are_named(tmp_path):
+def test_missing_tokenizer_and_unknown_options_are_named(tmp_path, smollm2_dir):
     with pytest.raises(ValueError, match="no such tokenizer file"):
         get_task("reasoning_gym", tokenizer=str(tmp_path))
     with pytest.raises(ValueError, match="task 'reasoning_gym' has no option 'heldout'; its options: dataset, tokenizer"):
-        get_task("reasoning_gym", tokenizer=str(SMOLLM2_TOKENIZER), heldout="gsm8k")
+        get_task("reasoning_gym", tokenizer=str(smollm2_dir), heldout="gsm8k")
     with pytest.raises(ValueError, match="task 'reasoning_gym': bad options"):
         get_task("reasoning_gym")
