@@ -83,7 +83,6 @@ class PromptFormat:
             template, source = _pick_template(config.get("chat_template"), path), f"{path}: chat_template"
         return cls(template, special_tokens=tokens, system_prompt=system_prompt, source=source)
 
-
     def render(self, problem: str) -> str:
         """The prompt text for ``problem``: system and user turns, then the assistant's generation prompt.
 

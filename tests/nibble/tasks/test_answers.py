@@ -40,7 +40,8 @@ def test_a_response_without_answer_or_number_gives_none(response):
 
 
 @pytest.mark.parametrize(
-    ("value", "text"), [(Fraction(18), "18"), (Fraction(-5, 2), "-2.5"), (Fraction(1, 40), "0.025"), (Fraction(1, 3), "1/3")]
+    ("value", "text"),
+    [(Fraction(18), "18"), (Fraction(-5, 2), "-2.5"), (Fraction(1, 40), "0.025"), (Fraction(1, 3), "1/3")],
 )
 def test_canonical_numbers(value, text):
     assert canonical_number(value) == text

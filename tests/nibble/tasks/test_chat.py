@@ -1,6 +1,7 @@
 """Chat-template prompts render as transformers' apply_chat_template renders them; plain text without a template."""
 
 import json
+import re
 
 import pytest
 
@@ -37,13 +38,15 @@ def test_special_tokens_and_template_functions_render_like_transformers(tmp_path
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     (tmp_path / "tokenizer.json").write_bytes((smollm2_dir / "tokenizer.json").read_bytes())
     text = PromptFormat.from_model_dir(tmp_path, system_prompt="be brief ").render("2+2?")
-    assert text == reference(tmp_path, [{"role": "system", "content": "be brief "}, {"role": "user", "content": "2+2?"}])
+    assert text == reference(
+        tmp_path, [{"role": "system", "content": "be brief "}, {"role": "user", "content": "2+2?"}]
+    )
     assert text.startswith("<|im_start|><|system|>\nbe brief<|im_end|>")
 
 
 def test_a_template_that_raises_is_a_value_error_naming_its_source():
     template = "{{ raise_exception('system turns are not supported') }}"
-    with pytest.raises(ValueError, match="here: rendering failed .system turns are not supported"):
+    with pytest.raises(ValueError, match=re.escape("here: rendering failed (system turns are not supported")):
         PromptFormat(template, source="here").render("x")
 
 
@@ -51,10 +54,12 @@ def test_bad_templates_and_configs_are_named(tmp_path):
     with pytest.raises(ValueError, match="here: not a valid Jinja template"):
         PromptFormat("{% for m in messages %}", source="here")
     (tmp_path / "tokenizer_config.json").write_text('{"chat_template": [{"name": "tool_use", "template": "x"}]}')
-    with pytest.raises(ValueError, match="tokenizer_config.json: chat_template lists templates .'tool_use'. but none"):
+    with pytest.raises(
+        ValueError, match=re.escape("tokenizer_config.json: chat_template lists templates ['tool_use'] but none")
+    ):
         PromptFormat.from_model_dir(tmp_path)
     (tmp_path / "tokenizer_config.json").write_text("{not json")
-    with pytest.raises(ValueError, match="tokenizer_config.json: cannot read it as JSON"):
+    with pytest.raises(ValueError, match=re.escape("tokenizer_config.json: cannot read it as JSON")):
         PromptFormat.from_model_dir(tmp_path)
 
 
