@@ -10,9 +10,9 @@ dequantised to float32 by ``transformers`` (``gguf_file=``). Its tokenizer (``to
 ``tokenizer_config.json`` with the chat template, as transformers reads them from the GGUF) is saved
 beside this file, ``tokenizer.json`` gzipped (3.5 MB → 0.6 MB; the tests unpack it). Prompts are
 ``ReasoningGymTask.prompt_ids`` (SmolLM2's chat template, the task's default system prompt);
-responses are greedy, at most ``MAX_NEW_TOKENS`` tokens, cut at the chat template's end-of-turn token. The ``label`` of each response — the
-final answer a reader takes from it, or null when it states none — was written by reading the response,
-not by Nibble's extractor.
+responses are greedy, at most ``MAX_NEW_TOKENS`` tokens, cut at the chat template's end-of-turn token.
+The ``label`` of each response — the final answer a reader takes from it, or null when it states
+none — was written by reading the response, not by Nibble's extractor.
 """
 
 from __future__ import annotations
