@@ -137,3 +137,17 @@ def test_missing_tokenizer_and_unknown_options_are_named(tmp_path, smollm2_dir):
         get_task("reasoning_gym", tokenizer=str(smollm2_dir), heldout="gsm8k")
     with pytest.raises(ValueError, match="task 'reasoning_gym': bad options"):
         get_task("reasoning_gym")
+
+
+def test_a_run_config_names_the_task(tmp_path, smollm2_dir):
+    from nibble.config import load
+
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        "task:\n  name: reasoning_gym\n  options:\n    dataset: gsm_symbolic\n"
+        f"    tokenizer: {smollm2_dir}\n    held_out: gsm8k\n    eval_size: 256\n    max_response_tokens: 512\n"
+    )
+    config = load(path)
+    with get_task(config.task.name, **config.task.options) as task:
+        assert isinstance(task, ReasoningGymTask) and len(task.eval_examples()) == 256
+        assert task.eval_examples()[0].id == "gsm8k:0" and task.max_response_tokens == 512
