@@ -42,7 +42,9 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 CHUNK_SIZE = 1000  # problems per seeded reasoning-gym dataset; the stream moves to a new seed after each
 GENERATED_EVAL_SIZE = 500
-TEMPLATE_MATCH_MIN = 0.5  # word overlap (Jaccard) above which a GSM8K problem is a gsm_symbolic template's source
+# Word overlap (Jaccard) from which a template's closest GSM8K problem counts as its source. Each of the
+# 100 templates' closest problem scores 0.40-0.95 and the runner-up at most 0.53, all 100 distinct.
+TEMPLATE_MATCH_MIN = 0.3
 
 
 class ReasoningGymTask(Task):

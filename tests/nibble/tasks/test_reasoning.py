@@ -38,8 +38,8 @@ def test_reasoning_gym_answers_score_one_and_others_less(dataset, smollm2_dir):
 
 def test_gsm8k_is_held_out_without_the_problems_gsm_symbolic_templates_came_from(gsm, smollm2_dir):
     sources = gsm_symbolic_sources()
-    assert 80 <= len(sources) <= 100  # one source per template (reasoning-gym ships 100, a few share one)
-    assert "gsm8k:989" in sources  # "Emily can peel 6 shrimp a minute and saute 30 shrimp in 10 minutes..."
+    assert len(sources) == 100  # one per template: reasoning-gym 0.1.25 ships 100
+    assert {"gsm8k:989", "gsm8k:432"} <= sources  # "Emily can peel 6 shrimp a minute...", "Prince Thaddeus slew"
     held_out = gsm.eval_examples()
     assert len(held_out) == 1319 - len(sources) and not {e.id for e in held_out} & sources
     plain = ReasoningGymTask("chain_sum", tokenizer=smollm2_dir, held_out="gsm8k", eval_size=1319)
