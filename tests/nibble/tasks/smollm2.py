@@ -1,13 +1,11 @@
 """Real SmolLM2-135M-Instruct material for the task tests (make_smollm2_outputs.py says how it was made)."""
 
 import gzip
-import json
 import shutil
 from pathlib import Path
 
 HERE = Path(__file__).parent
 SMOLLM2_FILES = HERE / "smollm2_tokenizer"  # tokenizer_config.json (with the chat template), tokenizer.json.gz
-SMOLLM2_OUTPUTS = HERE / "smollm2_outputs.json"
 
 
 def unpack_smollm2_tokenizer(folder: Path) -> Path:
@@ -16,8 +14,3 @@ def unpack_smollm2_tokenizer(folder: Path) -> Path:
     shutil.copy(SMOLLM2_FILES / "tokenizer_config.json", folder / "tokenizer_config.json")
     (folder / "tokenizer.json").write_bytes(gzip.decompress((SMOLLM2_FILES / "tokenizer.json.gz").read_bytes()))
     return folder
-
-
-def smollm2_records() -> list[dict]:
-    """The committed responses, each with its task options, problem, reference answer and hand-written label."""
-    return json.loads(SMOLLM2_OUTPUTS.read_text())["records"]

@@ -2,11 +2,9 @@
 
 import pytest
 
-from nibble.tasks import ReasoningGymTask, extract_answer, get_task
-from nibble.tasks.answers import canonical_number
+from nibble.tasks import ReasoningGymTask, get_task
 from nibble.tasks.eval_sets import gsm8k_test
 from nibble.tasks.reasoning import DEFAULT_SYSTEM_PROMPT, gsm_symbolic_sources
-from tests.nibble.tasks.smollm2 import smollm2_records
 
 
 @pytest.fixture(scope="module")
@@ -62,35 +60,6 @@ def test_without_a_chat_template_prompts_are_bos_and_plain_text(smollm2_dir):
     example = task.eval_examples()[0]
     ids = task.prompt_ids(example)
     assert ids[0] == task.tokenizer.bos_id and task.tokenizer.decode(ids[1:]) == example.prompt + "\n"
-
-
-def test_rewards_of_real_smollm2_responses_follow_their_hand_labels(smollm2_dir):
-    records = smollm2_records()
-    problems = {}
-    outcomes = {"correct": 0, "wrong": 0, "no_answer": 0}
-    for record in records:
-        options = record["task"]
-        key = tuple(sorted(options.items()))
-        if key not in problems:
-            task = ReasoningGymTask(tokenizer=smollm2_dir, **options)
-            problems[key] = (task, {e.id: e for e in task.eval_examples()})
-        task, by_id = problems[key]
-        example = by_id[record["id"]]
-        assert (example.prompt, example.answer) == (record["problem"], record["answer"])
-        found = extract_answer(record["response"])
-        read = None if found is None or found.number is None else canonical_number(found.number)
-        assert read == record["label"], record["id"]
-        reward = task.reward(example, record["response"])
-        if record["label"] is None:
-            outcomes["no_answer"] += 1
-            assert reward == 0.0, record["id"]
-        elif record["label"] == record["answer"]:
-            outcomes["correct"] += 1
-            assert reward == 1.0, record["id"]
-        else:
-            outcomes["wrong"] += 1
-            assert reward < 1.0, record["id"]
-    assert len(records) >= 32 and all(outcomes.values()), outcomes
 
 
 def test_math500_rewards_equivalent_latex(smollm2_dir):
