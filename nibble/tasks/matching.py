@@ -28,6 +28,11 @@ def parse_number(text: str) -> Fraction | None:
     return _to_fraction(match.group()) if match else None
 
 
+def find_numbers(text: str) -> list[Fraction]:
+    """Every number (as ``parse_number`` reads it) appearing in ``text``, in order; ``x/0`` is skipped."""
+    return [value for token in _NUMBER.findall(text) if (value := _to_fraction(token)) is not None]
+
+
 def last_number(text: str) -> Fraction | None:
     """The last number (as ``parse_number`` reads it) appearing anywhere in ``text``, or ``None``."""
     matches = _NUMBER.findall(text)

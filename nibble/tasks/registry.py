@@ -1,4 +1,4 @@
-"""Tasks by name, for configuration files: ``get_task("addition", digits=4)``."""
+"""Tasks by name, for configuration files: ``get_task("addition", digits=4)``, ``get_task("reasoning_gym", ...)``."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ import inspect
 from nibble.tasks.addition import AdditionTask, HeavyTailAdditionTask
 from nibble.tasks.base import Task
 from nibble.tasks.jsonl import JsonlTask
+from nibble.tasks.reasoning import ReasoningGymTask
 
 TASKS: dict[str, type[Task]] = {
     "addition": AdditionTask,
     "addition_heavy_tail": HeavyTailAdditionTask,
     "jsonl": JsonlTask,
+    "reasoning_gym": ReasoningGymTask,
 }
 
 

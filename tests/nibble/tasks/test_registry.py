@@ -14,7 +14,9 @@ def test_known_names_build_their_task_with_options(tmp_path):
 
 
 def test_an_unknown_name_lists_the_known_ones():
-    with pytest.raises(ValueError, match="unknown task 'gsm8k'; known tasks: addition, addition_heavy_tail, jsonl"):
+    with pytest.raises(
+        ValueError, match="unknown task 'gsm8k'; known tasks: addition, addition_heavy_tail, jsonl, reasoning_gym"
+    ):
         get_task("gsm8k")
 
 
