@@ -255,15 +255,17 @@ class RunConfig(Section):
             )
         return self
 
+    @property
+    def plan_device(self) -> str:
+        """The device kind ``plan.compute_dtype: auto`` resolves for on every service: the trainer's (bfloat16
+        when it is on CUDA, float32 on the CPU). A CPU sampler of a CUDA trainer then computes in bfloat16
+        too, so both sides round alike and publish the same plan."""
+        return "cpu" if self.trainer.device == "cpu" else "cuda"
+
     def _check_placement(self) -> None:
-        """Devices that agree: ``compute_dtype: auto`` resolves per device kind, so trainer and samplers must
-        be on the same kind; GPUs shared by several services must not be promised more than their memory."""
+        """torchrun ranks take ``cuda``; GPUs shared by several services must not be promised more than their
+        memory."""
         t, s = self.trainer, self.sampler
-        if self.plan.compute_dtype == "auto" and (t.device == "cpu") != (s.device == "cpu"):
-            raise ValueError(
-                f"trainer.device={t.device} and sampler.device={s.device} resolve plan.compute_dtype=auto "
-                "differently (bfloat16 on CUDA, float32 on CPU); set plan.compute_dtype explicitly"
-            )
         if t.nproc_per_node > 1 and t.device not in ("cpu", "cuda"):
             raise ValueError(
                 f"trainer.device={t.device} with trainer.nproc_per_node={t.nproc_per_node}: torchrun gives each "

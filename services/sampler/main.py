@@ -40,7 +40,7 @@ def build(config, name: str, out: Path | None):
     torch.set_num_threads(s.threads)
     device = devices.resolve("sampler.device", s.device, s.gpu_memory_fraction)
     checkpoint = config.model.checkpoint
-    plan = PrecisionPlan.from_config(config.plan, load_config(checkpoint).num_hidden_layers, device)
+    plan = PrecisionPlan.from_config(config.plan, load_config(checkpoint).num_hidden_layers, config.plan_device)
     model = from_pretrained(checkpoint, plan=plan).to(device).pack()
     task = get_task(config.task.name, **config.task.options)
     engine = BuiltinEngine(model, pad_id=task.tokenizer.pad_id, batch_rows=s.groups_per_batch * s.group_size)

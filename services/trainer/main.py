@@ -62,7 +62,7 @@ def build(config, out: Path, stop: threading.Event):
     # sharded: every rank loads the warm start, keeps its shard, then the checkpoint's shards replace it
     source = resume if resume is not None and shard is None else config.model.checkpoint
     layers = load_config(source).num_hidden_layers
-    plan = PrecisionPlan.from_config(config.plan, layers, "cpu" if t.device == "cpu" else "cuda")
+    plan = PrecisionPlan.from_config(config.plan, layers, config.plan_device)
     model = from_pretrained(source, plan=plan).train()
     model = model.to(device) if shard is None else sharded.shard_model(model)
     optimizer = torch.optim.AdamW(param_groups(model, plan, t.weight_decay), lr=t.learning_rate)

@@ -10,9 +10,7 @@ from nibble.launcher import check_devices
 
 @pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:0", "cuda:7"])
 def test_accepted_devices(device):
-    assert RunConfig.model_validate(
-        {"sampler": {"device": device}, "trainer": {"device": device}, "plan": {"compute_dtype": "float32"}}
-    )
+    assert RunConfig.model_validate({"sampler": {"device": device}, "trainer": {"device": device}})
 
 
 @pytest.mark.parametrize("device", ["tpu", "CUDA", "cuda:", "cuda:01", "cuda:-1", "mps", ""])
@@ -23,11 +21,14 @@ def test_a_bad_device_is_named(tmp_path, device):
         load(path)
 
 
-def test_auto_compute_dtype_needs_both_sides_on_one_kind_of_device():
-    with pytest.raises(ValueError, match=r"set plan\.compute_dtype explicitly"):
-        RunConfig.model_validate({"sampler": {"device": "cuda"}})
-    explicit = {"sampler": {"device": "cuda"}, "plan": {"compute_dtype": "bfloat16"}}
-    assert RunConfig.model_validate(explicit).plan.compute_dtype == "bfloat16"
+def test_auto_compute_dtype_resolves_from_the_trainers_device_on_every_service():
+    from nibble.recipe import PrecisionPlan
+
+    mixed = RunConfig.model_validate({"trainer": {"device": "cuda"}, "sampler": {"device": "cpu"}})
+    assert mixed.plan_device == "cuda"  # a CPU sampler of a CUDA trainer computes in bfloat16 too
+    assert PrecisionPlan.from_config(mixed.plan, 4, mixed.plan_device).compute_dtype == "bfloat16"
+    cpu = RunConfig.model_validate({"sampler": {"device": "cuda"}})
+    assert PrecisionPlan.from_config(cpu.plan, 4, cpu.plan_device).compute_dtype == "float32"
 
 
 def test_shares_of_one_gpu_must_fit_and_other_gpus_are_counted_apart():
@@ -65,7 +66,7 @@ def test_the_gpu_config_is_valid_and_shares_gpu_0():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusals on a machine without CUDA")
 def test_without_cuda_a_gpu_run_is_refused_before_anything_starts():
     with pytest.raises(ValueError, match=r"sampler\.device=cuda:0 but this machine has 0 GPU"):
-        check_devices(RunConfig.model_validate({"sampler": {"device": "cuda:0"}, "plan": {"compute_dtype": "float32"}}))
+        check_devices(RunConfig.model_validate({"sampler": {"device": "cuda:0"}}))
     with pytest.raises(ValueError, match=r"trainer\.device=cuda:0 with trainer.nproc_per_node=1 needs"):
         check_devices(load("configs/gpu.yaml"))
     with pytest.raises(ValueError, match=r"sampler\.device=cuda but no CUDA GPU is visible"):
