@@ -1,4 +1,4 @@
-"""The decoder-only MoE transformer (``Qwen3MoeForCausalLM``-compatible names and math)."""
+"""The decoder-only transformer (``Qwen3MoeForCausalLM`` / ``LlamaForCausalLM`` … compatible names and math)."""
 
 from __future__ import annotations
 
@@ -25,9 +25,13 @@ class _Backbone(nn.Module):
 class MoETransformer(nn.Module):
     """A causal LM: ``forward(input_ids [B, T]) -> logits [B, T, V]`` (float32).
 
-    Parameters are named as Hugging Face's Qwen-MoE (``model.layers.{i}.mlp.experts.gate_up_proj``
-    …); :mod:`nibble.model.hf` converts to and from checkpoints. Every weight enters the forward
-    through its bf16 cast and the format the ``plan`` gives it.
+    MoE (Qwen3-MoE, Qwen2-MoE) or dense (Llama, Qwen2, Qwen3) as ``config.architecture`` says; dense
+    models are MoE models whose every layer is an MLP layer. Parameters are named as Hugging Face's
+    (``model.layers.{i}.mlp.experts.gate_up_proj``, ``model.layers.{i}.mlp.gate_proj.weight`` …);
+    :mod:`nibble.model.hf` converts to and from checkpoints. Every weight enters the forward through its
+    bf16 cast and the format the ``plan`` gives it. With ``tie_word_embeddings`` the LM head *is* the
+    embedding parameter (one tensor, named ``model.embed_tokens.weight`` in ``named_parameters``, in the
+    trainer's and in the sampler's form alike), so it is trained, published and applied once.
     """
 
     def __init__(self, config: ModelConfig, plan: PrecisionPlan | None = None):
@@ -137,6 +141,8 @@ class MoETransformer(nn.Module):
         for param in self.parameters():  # embeddings, norms, router: their bf16 cast is what computes
             param.requires_grad_(False)
             param.data = param.data.to(torch.bfloat16)
+        if self.config.tie_word_embeddings:  # the head's pack() made it a parameter of its own: re-tie
+            self.lm_head.weight = self.model.embed_tokens.weight
         return self
 
     def num_parameters(self) -> int:
