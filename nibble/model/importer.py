@@ -91,9 +91,13 @@ def import_model(source, out, *, dtype: torch.dtype = torch.bfloat16, overwrite:
 
 def _transformers():
     try:
+        import accelerate  # noqa: F401  (transformers' GGUF loader requires it)
+        import gguf  # noqa: F401
         import transformers
     except ImportError as exc:
-        raise ValueError("importing a model needs transformers (pip install 'nibble[import]')") from exc
+        raise ValueError(
+            f"importing a model needs transformers, gguf and accelerate ({exc}); pip install 'nibble[import]'"
+        ) from exc
     return transformers
 
 
@@ -102,10 +106,9 @@ def _read_gguf(path: Path):
     with path.open("rb") as handle:
         if handle.read(4) != _GGUF_MAGIC:
             raise ValueError(f"{path}: not a GGUF file (no GGUF magic); pass a .gguf file or an HF model directory")
-    try:
-        from gguf import GGUFReader
-    except ImportError as exc:
-        raise ValueError("importing a GGUF file needs the gguf package (pip install 'nibble[import]')") from exc
+    transformers = _transformers()
+    from gguf import GGUFReader
+
     try:
         reader = GGUFReader(str(path))
     except (ValueError, OSError, IndexError) as exc:
@@ -122,7 +125,6 @@ def _read_gguf(path: Path):
         )
     if not any(t.name == "token_embd.weight" for t in reader.tensors):
         raise ValueError(f"{path}: holds no token_embd.weight tensor (a vocabulary-only GGUF?), not a model")
-    transformers = _transformers()
     where = dict(pretrained_model_name_or_path=str(path.parent), gguf_file=path.name)
     try:
         hf_config = transformers.AutoConfig.from_pretrained(**where)
