@@ -81,8 +81,10 @@ class ModelConfig(BaseModel):
                     f"{self.moe_intermediate_size}"
                 )
         elif self.num_experts or self.num_experts_per_tok or self.shared_expert_intermediate_size:
-            raise ValueError(f"{self.architecture} is dense: num_experts, num_experts_per_tok and "
-                             "shared_expert_intermediate_size must be 0")
+            raise ValueError(
+                f"{self.architecture} is dense: num_experts, num_experts_per_tok and "
+                "shared_expert_intermediate_size must be 0"
+            )
         if self.attention_bias and self.architecture in ("qwen2", "qwen2_moe"):
             raise ValueError(f"attention_bias does not apply to {self.architecture} (its q/k/v always carry a bias)")
         if self.num_attention_heads % self.num_key_value_heads:
@@ -177,8 +179,15 @@ class ModelConfig(BaseModel):
         if self.is_moe:
             out["qkv_bias"] = self.qkv_bias
         else:
-            for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
-                        "mlp_only_layers", "decoder_sparse_step", "shared_expert_intermediate_size"):
+            for key in (
+                "num_experts",
+                "num_experts_per_tok",
+                "moe_intermediate_size",
+                "norm_topk_prob",
+                "mlp_only_layers",
+                "decoder_sparse_step",
+                "shared_expert_intermediate_size",
+            ):
                 out.pop(key)
             out["mlp_bias"] = False
         if not self.shared_expert_intermediate_size:
@@ -193,7 +202,7 @@ def _check_supported(model_type: str, hf: dict[str, Any], rope: dict[str, Any]) 
         raise ValueError(f"rope_type={rope_type!r} (scaled RoPE) is not supported; only 'default' RoPE is")
     layer_types = hf.get("layer_types") or ()
     if (hf.get("use_sliding_window") and hf.get("sliding_window")) or "sliding_attention" in layer_types:
-        raise ValueError(f"{model_type} with sliding-window attention is not supported (use_sliding_window/layer_types)")
+        raise ValueError(f"{model_type} with sliding-window attention is not supported (use_sliding_window)")
     if hf.get("mlp_bias"):
         raise ValueError("mlp_bias=true is not supported (Nibble's MLP projections carry no bias)")
     if hf.get("hidden_act", "silu") != "silu":

@@ -23,9 +23,15 @@ from pathlib import Path
 import torch
 
 from nibble.model.config import ModelConfig
-from nibble.model.hf import read_weights, load_config, model_from_state
+from nibble.model.hf import load_config, model_from_state, read_weights
 
-GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}
+GGUF_ARCHITECTURES = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "qwen2moe": "qwen2_moe",
+    "qwen3moe": "qwen3_moe",
+}
 """GGUF ``general.architecture`` values Nibble imports, and the HF ``model_type`` each becomes."""
 
 _NOT_CAUSAL = {"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "t5encoder", "clip", "wavtokenizer-dec"}
@@ -78,6 +84,7 @@ def import_model(source, out, *, dtype: torch.dtype = torch.bfloat16, overwrite:
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
+        staging.chmod(0o755)  # mkdtemp's 0700 would otherwise become the checkpoint's mode
         model.save_pretrained(staging, dtype=dtype)
         chat_template = _write_tokenizer(tokenizer, staging)
         if out.exists():
@@ -118,7 +125,7 @@ def _read_gguf(path: Path):
         raise ValueError(f"{path}: a GGUF of general.type={kind!r}, not a model (an adapter or vocabulary file?)")
     arch = _field(reader, "general.architecture")
     if arch in _NOT_CAUSAL:
-        raise ValueError(f"{path}: GGUF architecture {arch!r} is not a causal LM (an encoder); Nibble trains causal LMs")
+        raise ValueError(f"{path}: GGUF architecture {arch!r} is not a causal LM (an encoder); Nibble trains those")
     if arch not in GGUF_ARCHITECTURES:
         raise ValueError(
             f"{path}: GGUF architecture {arch!r} is not supported; Nibble imports {', '.join(GGUF_ARCHITECTURES)}"

@@ -17,9 +17,10 @@ import nibble.cli.import_model  # noqa: F401  (registers the sub-command)
 from nibble.cli import app
 from nibble.model import from_pretrained
 from nibble.model.importer import import_model
+
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = ["Ġ t", "h e", "Ġt he"]
-TOKENS = sorted(ByteLevel.alphabet()) + ["Ġt", "he", "Ġthe"] + SPECIALS
+TOKENS = [*sorted(ByteLevel.alphabet()), "Ġt", "he", "Ġthe", *SPECIALS]
 TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
 HEADS, KV_HEADS = 4, 2
 
