@@ -64,6 +64,17 @@ def decode_rate(model, prompts: list[list[int]], batch: int, new_tokens: int, eo
     return batch * new_tokens / seconds, out.tokens[: len(prompts)]
 
 
+_shown: set[str] = set()
+
+
+def show(record: dict) -> None:
+    """Print the entries of ``record`` not printed yet (progress on a slow machine)."""
+    for key, value in record.items():
+        if key not in _shown:
+            _shown.add(key)
+            print(f"{key}: {json.dumps(value, indent=2) if isinstance(value, dict) else value}", flush=True)
+
+
 def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -91,25 +102,27 @@ def main() -> None:
         "prompt_tokens": [len(p) for p in prompts],
         "max_abs_logit_diff_vs_transformers_same_checkpoint": max_logit_diff(ours, reference, prompts),
     }
+    show(record)
     del reference
     if args.gguf is not None:
         source = AutoModelForCausalLM.from_pretrained(
             str(args.gguf.parent), gguf_file=args.gguf.name, dtype=torch.float32
         ).eval()
         record["max_abs_logit_diff_vs_transformers_gguf_float32"] = max_logit_diff(ours, source, prompts)
+        show(record)
         del source
     nvfp4 = from_pretrained(args.checkpoint, plan=nvfp4_plan).eval().pack()
     with torch.no_grad():
         x = torch.tensor([prompts[0]])
         record["max_abs_logit_diff_nvfp4_all_linear_vs_bf16"] = float((nvfp4(x) - ours(x)).abs().max())
+    show(record)
     for name, model in (("bf16", ours.pack()), ("nvfp4_all_linear", nvfp4)):
         rate, replies = decode_rate(model, prompts, args.batch, args.new_tokens, eos)
         texts = [tokenizer.decode(r, skip_special_tokens=True) for r in replies]
         record[name] = {"decode_tokens_per_second": rate, "batch": args.batch, "new_tokens": args.new_tokens}
         record[name]["greedy_replies"] = dict(zip(QUESTIONS, texts, strict=True))
+        show(record)
     record["machine"] = describe()
-    for key, value in record.items():
-        print(f"{key}: {json.dumps(value, indent=2) if isinstance(value, dict) else value}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"recorded in {args.out}")
