@@ -72,7 +72,9 @@ def test_smoke_run_completes_and_writes_its_outputs(smoke_run):
 def test_the_end_of_run_output_is_a_short_human_summary(smoke_run):
     result, out = smoke_run
     summary = json.loads((out / "summary.json").read_text())
-    lines = result.stdout.splitlines()
+    monitoring = ("prometheus: http://127.0.0.1:", f"dashboard panels as PNG: nibble report run {out}")
+    assert [x for x in result.stdout.splitlines() if x.startswith(monitoring)][-1] == monitoring[1]
+    lines = [x for x in result.stdout.splitlines() if not x.startswith(monitoring)]  # the smoke run has --prometheus
     assert lines[0] == f"NIBBLE_MODEL__CHECKPOINT sets model.checkpoint = {summary['config']['model']['checkpoint']}"
     assert lines[1] == f"new run in {out}"
     assert lines[2].startswith("RL starts from held-out accuracy ") and "precision plan" in lines[2]
