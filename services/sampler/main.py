@@ -56,11 +56,11 @@ def build(config, name: str, out: Path | None):
         engine,
         TrajectoryWriter(client, config.redis),
         AdmissionCounter(client, config.redis),
-        SamplerRegistry(client, config.redis),
         subscriber,
         metrics,
         name=name,
         stats_file=stats_file(out, name),
+        registry=SamplerRegistry(client, config.redis),
     )
 
 

@@ -78,11 +78,11 @@ class Sampler:
         engine: Engine,
         writer: TrajectoryWriter,
         admission: AdmissionCounter,
-        registry: SamplerRegistry,
         subscriber: WeightSubscriber | None,
         metrics: Metrics,
         name: str = "sampler",
         stats_file: Path | None = None,
+        registry: SamplerRegistry | None = None,
     ):
         self.config, self.task, self.engine = config, task, engine
         self.writer, self.admission, self.subscriber, self.metrics = writer, admission, subscriber, metrics
@@ -333,7 +333,8 @@ class Sampler:
         watcher.start()
         threading.Thread(target=self.renew_lease, name="admission-lease", daemon=True).start()
         heart = threading.Thread(target=self.heartbeat, name="heartbeat", daemon=True)
-        heart.start()
+        if self.registry is not None:  # without one (tests, a bare engine loop) nobody counts live samplers
+            heart.start()
         last = 0.0
         try:
             while not self.stop.is_set():
@@ -346,5 +347,6 @@ class Sampler:
             self.stop.set()  # ends the lease and heartbeat threads
             if self.subscriber is not None:
                 self.subscriber.close()  # ends the watch thread
-            heart.join(timeout=self.config.redis.connect_timeout_seconds)
+            if heart.is_alive():
+                heart.join(timeout=self.config.redis.connect_timeout_seconds)
             self.write_stats()

@@ -86,12 +86,12 @@ def build(config, out: Path, stop: threading.Event):
         state,
         reader,
         admission,
-        samplers,
         publisher,
         metrics,
         out,
         stop=stop,
         shard=shard,
+        samplers=samplers,
     )
     trainer.continue_above(published)
     return trainer

@@ -68,12 +68,12 @@ class Trainer:
         state: checkpoint.TrainerState,
         reader: TrajectoryReader | None,
         admission: AdmissionCounter | None,
-        samplers: SamplerRegistry | None,
         publisher: WeightPublisherClient | None,
         metrics: Metrics,
         out: Path,
         stop: threading.Event | None = None,
         shard: Shard | None = None,
+        samplers: SamplerRegistry | None = None,
     ):
         self.config, self.task, self.model, self.optimizer, self.state = config, task, model, optimizer, state
         self.reader, self.admission, self.publisher, self.metrics = reader, admission, publisher, metrics
@@ -186,7 +186,7 @@ class Trainer:
         self.metrics.queue_depth.set(depth)
         self.metrics.sampler_demand.set(
             sampler_demand(
-                self.samplers.live(),
+                self.samplers.live() if self.samplers is not None else self.config.num_samplers,
                 consumed.idle_seconds,
                 seconds,
                 depth,
