@@ -45,6 +45,7 @@ def main() -> None:
         check_contract,
         deadletter,
         health,
+        import_model,
         mismatch,
         quant_error,
         report,

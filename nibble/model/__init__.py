@@ -1,4 +1,5 @@
-"""The policy model: a Qwen-MoE-compatible transformer, its KV cache, generation and HF adapter."""
+"""The policy model: a transformer compatible with HF Qwen-MoE, Llama, Qwen2 and Qwen3, its KV cache,
+generation, HF adapter and importer."""
 
 from nibble.model.config import ModelConfig, qwen3_30b_a3b_shaped, tiny
 from nibble.model.hf import from_pretrained, load_config, save_pretrained

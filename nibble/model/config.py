@@ -1,4 +1,5 @@
-"""Model configuration: the Qwen3-MoE / Qwen2-MoE hyper-parameters Nibble's transformer understands."""
+"""Model configuration: the hyper-parameters of the architectures Nibble's transformer understands —
+Qwen3-MoE and Qwen2-MoE, and the dense Llama, Qwen2 and Qwen3."""
 
 from __future__ import annotations
 
@@ -8,21 +9,34 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from nibble.model.rope import YarnScaling
 
-Architecture = Literal["qwen3_moe", "qwen2_moe"]
+Architecture = Literal["qwen3_moe", "qwen2_moe", "llama", "qwen2", "qwen3"]
 
-# transformers' Qwen3MoeConfig / Qwen2MoeConfig defaults for keys that a config.json may leave out.
+MOE_ARCHITECTURES = ("qwen3_moe", "qwen2_moe")
+DENSE_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+
+HF_CLASSES = {
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+"""The transformers class (``architectures`` entry of config.json) of each supported ``model_type``."""
+
+# transformers' config-class defaults for keys that a config.json may leave out.
 HF_DEFAULTS = {
     "norm_topk_prob": False,
     "max_position_embeddings": 32768,
     "rms_norm_eps": 1e-6,
     "decoder_sparse_step": 1,
     "tie_word_embeddings": False,
+    "attention_bias": False,
 }
 
 # Keys of an HF config.json that change nothing Nibble computes (bookkeeping, initialisation, generation
 # defaults, HF's own training switches). Every other key is implemented below or refused by name.
 INERT_KEYS = frozenset({
-    "architectures", "model_type", "torch_dtype", "dtype", "transformers_version", "_name_or_path",
+    "architectures", "model_type", "torch_dtype", "dtype", "transformers_version", "_name_or_path", "_model_name_or_path",
     "initializer_range", "use_cache", "bos_token_id", "eos_token_id", "pad_token_id",
     "output_router_logits", "router_aux_loss_coef",  # transformers' auxiliary loss; Nibble's RL loss has none
     "qkv_bias",  # written by to_hf: implied by the architecture
@@ -35,7 +49,8 @@ OFF_VALUES = {
     "hidden_act": ("silu",),
     "attention_dropout": (0, 0.0),
     "use_sliding_window": (False,),
-    "attention_bias": (False,),
+    "mlp_bias": (False,),
+    "pretraining_tp": (1,),  # Llama's tensor-parallel pretraining split: 1 computes the plain product
     "is_encoder_decoder": (False,),
 }
 # Accepted only alongside use_sliding_window: false, where they have no effect.
@@ -49,10 +64,13 @@ def _int_tuple(field: str, value: object) -> tuple[int, ...]:
 
 
 class ModelConfig(BaseModel):
-    """Hyper-parameters of a decoder-only MoE transformer, named as in Hugging Face's configs.
+    """Hyper-parameters of a decoder-only transformer, named as in Hugging Face's configs.
 
-    ``qwen3_moe``: per-head q/k RMSNorm, no attention bias, optional shared expert (Nibble's
-    extension, as in Qwen2-MoE). ``qwen2_moe``: q/k/v bias, no q/k norm, a sigmoid-gated shared expert.
+    ``qwen3_moe``: per-head q/k RMSNorm, optional shared expert (Nibble's extension, as in Qwen2-MoE).
+    ``qwen2_moe``: q/k/v bias, no q/k norm, a sigmoid-gated shared expert. The dense architectures
+    have a SwiGLU MLP in every layer and no expert fields (``num_experts`` 0): ``llama`` (no q/k norm),
+    ``qwen2`` (q/k/v bias) and ``qwen3`` (q/k norm). ``attention_bias`` adds q/k/v/o biases to
+    ``llama``, ``qwen3`` and ``qwen3_moe`` as transformers does.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -61,13 +79,13 @@ class ModelConfig(BaseModel):
     vocab_size: int = Field(ge=2)
     hidden_size: int = Field(ge=16)
     intermediate_size: int = Field(ge=16, description="dense MLP width (layers in mlp_only_layers)")
-    moe_intermediate_size: int = Field(ge=16, description="routed expert width")
+    moe_intermediate_size: int = Field(0, ge=0, description="routed expert width (0 for dense models)")
     num_hidden_layers: int = Field(ge=1)
     num_attention_heads: int = Field(ge=1)
     num_key_value_heads: int = Field(ge=1)
     head_dim: int = Field(ge=2)
-    num_experts: int = Field(ge=1)
-    num_experts_per_tok: int = Field(ge=1)
+    num_experts: int = Field(0, ge=0, description="routed experts per MoE layer (0 for dense models)")
+    num_experts_per_tok: int = Field(0, ge=0)
     norm_topk_prob: bool = True
     mlp_only_layers: tuple[int, ...] = ()
     decoder_sparse_step: int = Field(1, ge=1)
@@ -77,9 +95,24 @@ class ModelConfig(BaseModel):
     max_position_embeddings: int = Field(2048, ge=1)
     tie_word_embeddings: bool = False
     rope_scaling: YarnScaling | None = Field(None, description="YaRN context extension; None: plain RoPE")
+    attention_bias: bool = False
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
+        if self.is_moe:
+            if self.num_experts < 1 or self.num_experts_per_tok < 1 or self.moe_intermediate_size < 16:
+                raise ValueError(
+                    f"{self.architecture} needs num_experts >= 1, num_experts_per_tok >= 1 and "
+                    f"moe_intermediate_size >= 16, got {self.num_experts}, {self.num_experts_per_tok}, "
+                    f"{self.moe_intermediate_size}"
+                )
+        elif self.num_experts or self.num_experts_per_tok or self.shared_expert_intermediate_size:
+            raise ValueError(
+                f"{self.architecture} is dense: num_experts, num_experts_per_tok and "
+                "shared_expert_intermediate_size must be 0"
+            )
+        if self.attention_bias and self.architecture in ("qwen2", "qwen2_moe"):
+            raise ValueError(f"attention_bias does not apply to {self.architecture} (its q/k/v always carry a bias)")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "
@@ -95,16 +128,24 @@ class ModelConfig(BaseModel):
         return self
 
     @property
+    def is_moe(self) -> bool:
+        return self.architecture in MOE_ARCHITECTURES
+
+    @property
     def qk_norm(self) -> bool:
-        return self.architecture == "qwen3_moe"
+        return self.architecture in ("qwen3_moe", "qwen3")
 
     @property
     def qkv_bias(self) -> bool:
-        return self.architecture == "qwen2_moe"
+        return self.architecture in ("qwen2_moe", "qwen2") or self.attention_bias
+
+    @property
+    def o_bias(self) -> bool:
+        return self.attention_bias
 
     def is_moe_layer(self, index: int) -> bool:
         """Whether decoder layer ``index`` has routed experts (else a dense MLP), as HF decides it."""
-        return index not in self.mlp_only_layers and (index + 1) % self.decoder_sparse_step == 0
+        return self.is_moe and index not in self.mlp_only_layers and (index + 1) % self.decoder_sparse_step == 0
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
@@ -120,11 +161,11 @@ class ModelConfig(BaseModel):
         if not isinstance(hf, dict):
             raise ValueError(f"the top level must be an object, got {type(hf).__name__}")
         model_type = hf.get("model_type")
-        if model_type not in ("qwen3_moe", "qwen2_moe"):
-            raise ValueError(f"model_type={model_type!r}; supported: 'qwen3_moe', 'qwen2_moe'")
+        if model_type not in HF_CLASSES:
+            raise ValueError(f"model_type={model_type!r}; supported: {', '.join(map(repr, HF_CLASSES))}")
         _refuse_unimplemented(hf, model_type)
         hf = {**HF_DEFAULTS, **hf}  # transformers' defaults for keys a config.json may omit
-        experts = hf.get("num_experts", hf.get("num_local_experts"))
+        experts = hf.get("num_experts", hf.get("num_local_experts")) if model_type in MOE_ARCHITECTURES else 0
         theta, yarn = _rope(hf)
         values = {
             "architecture": model_type,
@@ -132,36 +173,56 @@ class ModelConfig(BaseModel):
             "rope_theta": theta,
             "rope_scaling": yarn,
             "head_dim": hf.get("head_dim") or (hf.get("hidden_size", 0) // max(hf.get("num_attention_heads", 1), 1)),
-            "shared_expert_intermediate_size": hf.get("shared_expert_intermediate_size", 0) or 0,
+            "shared_expert_intermediate_size": (hf.get("shared_expert_intermediate_size", 0) or 0)
+            if model_type in MOE_ARCHITECTURES
+            else 0,
+            "num_experts_per_tok": hf.get("num_experts_per_tok") if model_type in MOE_ARCHITECTURES else 0,
+            "moe_intermediate_size": hf.get("moe_intermediate_size") if model_type in MOE_ARCHITECTURES else 0,
+            "attention_bias": bool(hf["attention_bias"]) and model_type not in ("qwen2", "qwen2_moe"),
             "mlp_only_layers": _int_tuple("mlp_only_layers", hf.get("mlp_only_layers") or ()),
         }
         for key in cls.model_fields:
             if key not in values and key in hf:
                 values[key] = hf[key]
-        missing = [k for k, f in cls.model_fields.items() if f.is_required() and values.get(k) is None]
+        required = [k for k, f in cls.model_fields.items() if f.is_required()]
+        if model_type in MOE_ARCHITECTURES:
+            required += ["num_experts", "num_experts_per_tok", "moe_intermediate_size"]
+        missing = [k for k in required if values.get(k) is None]
         if missing:
             raise ValueError(f"missing {', '.join(missing)}")
         return cls(**values)
 
     def to_hf(self) -> dict[str, Any]:
-        """An HF ``config.json`` dict that transformers' Qwen3-MoE / Qwen2-MoE classes load."""
+        """An HF ``config.json`` dict that transformers' class for the architecture loads."""
         out = self.model_dump(exclude={"architecture", "rope_theta", "rope_scaling"})
         out["mlp_only_layers"] = list(self.mlp_only_layers)
         out.update(
             model_type=self.architecture,
-            architectures=["Qwen3MoeForCausalLM" if self.architecture == "qwen3_moe" else "Qwen2MoeForCausalLM"],
+            architectures=[HF_CLASSES[self.architecture]],
             hidden_act="silu",
             rope_parameters={
                 **(self.rope_scaling.to_hf() if self.rope_scaling else {"rope_type": "default"}),
                 "rope_theta": self.rope_theta,
             },
             rope_theta=self.rope_theta,
-            attention_bias=False,
-            qkv_bias=self.qkv_bias,
             use_sliding_window=False,
         )
+        if self.is_moe:
+            out["qkv_bias"] = self.qkv_bias
+        else:
+            for key in (
+                "num_experts",
+                "num_experts_per_tok",
+                "moe_intermediate_size",
+                "norm_topk_prob",
+                "mlp_only_layers",
+                "decoder_sparse_step",
+                "shared_expert_intermediate_size",
+            ):
+                out.pop(key)
+            out["mlp_bias"] = False
         if not self.shared_expert_intermediate_size:
-            out.pop("shared_expert_intermediate_size")
+            out.pop("shared_expert_intermediate_size", None)
         return out
 
 
@@ -169,8 +230,8 @@ def _refuse_unimplemented(hf: dict[str, Any], model_type: str) -> None:
     """Raise naming the first key of ``hf`` that Nibble neither implements nor knows to be inert."""
     implemented = set(ModelConfig.model_fields) - {"architecture", "rope_scaling"}
     implemented |= {"num_local_experts", "rope_parameters", "rope_scaling", "rope_theta"}
-    if model_type == "qwen2_moe":
-        # Qwen2-MoE's q/k/v carry a bias by construction (Nibble's qwen2_moe has it): the flag must not deny it
+    if model_type in ("qwen2", "qwen2_moe"):
+        # Qwen2's q/k/v carry a bias by construction (Nibble's qwen2 models have it): the flag must not deny it
         off = {**OFF_VALUES, "qkv_bias": (True,)}
     else:
         off = OFF_VALUES

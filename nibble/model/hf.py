@@ -1,4 +1,5 @@
-"""Hugging Face checkpoint adapter: read and write HF-format Qwen3-MoE / Qwen2-MoE directories.
+"""Hugging Face checkpoint adapter: read and write HF-format directories of the architectures in
+:mod:`nibble.model.config` (Qwen3-MoE, Qwen2-MoE, Llama, Qwen2, Qwen3).
 
 Reads both expert layouts found in the wild — the Hub's per-expert tensors
 (``mlp.experts.{e}.gate_proj.weight`` …) and recent transformers' fused stacks
@@ -46,27 +47,62 @@ def from_pretrained(path, *, plan: PrecisionPlan | None = None, dtype: torch.dty
             config.json, or a plan built for another number of layers.
     """
     path = Path(path)
-    config = load_config(path)
+    return model_from_state(load_config(path), read_weights(path), where=str(path), plan=plan, dtype=dtype)
+
+
+def model_from_state(
+    config: ModelConfig,
+    state: dict[str, torch.Tensor],
+    *,
+    where: str,
+    plan: PrecisionPlan | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> MoETransformer:
+    """Build a :class:`MoETransformer` from HF-named tensors (either expert layout; a tied model's
+    ``lm_head.weight`` may be present as a copy of the embedding).
+
+    Args:
+        config: the model's configuration.
+        state: tensors by HF name (any float dtype); consumed.
+        where: the tensors' origin, named in errors (a directory, a GGUF file).
+        plan: the precision plan (default: all BF16 for the model's layer count).
+        dtype: dtype of the master weights.
+    Raises:
+        ValueError: as :func:`from_pretrained`.
+    """
     model = MoETransformer(config, plan)
-    state = _fuse_experts(_read_weights(path), config)
+    state = _fuse_experts(state, config)
+    if config.tie_word_embeddings:
+        _drop_tied_head(state, where)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if config.tie_word_embeddings and "lm_head.weight" in missing:
         missing.remove("lm_head.weight")
     if missing or unexpected:
-        raise ValueError(f"{path}: missing tensors {_listing(missing)}; unexpected tensors {_listing(unexpected)}")
+        raise ValueError(f"{where}: missing tensors {_listing(missing)}; unexpected tensors {_listing(unexpected)}")
     for name, tensor in state.items():
         if tensor.shape != expected[name].shape:
             raise ValueError(
-                f"{path}: tensor {name} has shape {tuple(tensor.shape)}, "
+                f"{where}: tensor {name} has shape {tuple(tensor.shape)}, "
                 f"config.json implies {tuple(expected[name].shape)}"
             )
     model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=not config.tie_word_embeddings)
     return model.to(dtype)
 
 
-def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+def _drop_tied_head(state: dict[str, torch.Tensor], where: str) -> None:
+    """A tied checkpoint may still store ``lm_head.weight`` (some exporters write both): accept it only as
+    a copy of the embedding, which is the one tensor the model keeps."""
+    head, embed = state.pop("lm_head.weight", None), state.get("model.embed_tokens.weight")
+    if head is not None and embed is not None and not torch.equal(head, embed):
+        raise ValueError(
+            f"{where}: config.json says tie_word_embeddings=true but lm_head.weight differs from "
+            "model.embed_tokens.weight (set tie_word_embeddings=false to keep a separate head)"
+        )
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
     """The model's tensors: the shards named by ``model.safetensors.index.json``, else
     ``model.safetensors``, else every ``*.safetensors`` file of the directory."""
     index = path / "model.safetensors.index.json"

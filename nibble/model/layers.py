@@ -1,4 +1,4 @@
-"""Transformer blocks with Hugging Face Qwen3-MoE / Qwen2-MoE math and parameter names."""
+"""Transformer blocks with Hugging Face Qwen3-MoE / Qwen2-MoE / Llama / Qwen2 / Qwen3 math and parameter names."""
 
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 class Attention(nn.Module):
-    """Grouped-query attention with RoPE, per-head q/k RMSNorm (qwen3) or q/k/v bias (qwen2)."""
+    """Grouped-query attention with RoPE, per-head q/k RMSNorm (qwen3*) or q/k/v bias (qwen2*), optional
+    q/k/v/o bias (``attention_bias``: llama, qwen3*)."""
 
     def __init__(self, config: ModelConfig, plan: PrecisionPlan, prefix: str):
         super().__init__()
@@ -48,7 +49,7 @@ class Attention(nn.Module):
         self.q_proj = linear("q_proj", h, nh * hd, config.qkv_bias)
         self.k_proj = linear("k_proj", h, kvh * hd, config.qkv_bias)
         self.v_proj = linear("v_proj", h, kvh * hd, config.qkv_bias)
-        self.o_proj = linear("o_proj", nh * hd, h, False)
+        self.o_proj = linear("o_proj", nh * hd, h, config.o_bias)
         if config.qk_norm:
             self.q_norm = RMSNorm(hd, config.rms_norm_eps, plan)
             self.k_norm = RMSNorm(hd, config.rms_norm_eps, plan)
@@ -135,7 +136,8 @@ class SparseMoE(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+    """Pre-norm block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``; the MLP is routed experts in MoE
+    layers and a dense SwiGLU MLP elsewhere (every layer of a dense architecture)."""
 
     def __init__(self, config: ModelConfig, plan: PrecisionPlan, index: int):
         super().__init__()

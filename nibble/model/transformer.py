@@ -1,4 +1,4 @@
-"""The decoder-only MoE transformer (``Qwen3MoeForCausalLM``-compatible names and math)."""
+"""The decoder-only transformer (``Qwen3MoeForCausalLM`` / ``LlamaForCausalLM`` … compatible names and math)."""
 
 from __future__ import annotations
 
@@ -26,9 +26,13 @@ class _Backbone(nn.Module):
 class MoETransformer(nn.Module):
     """A causal LM: ``forward(input_ids [B, T]) -> logits [B, T, V]`` (float32).
 
-    Parameters are named as Hugging Face's Qwen-MoE (``model.layers.{i}.mlp.experts.gate_up_proj``
-    …); :mod:`nibble.model.hf` converts to and from checkpoints. Every weight enters the forward
-    through its bf16 cast and the format the ``plan`` gives it.
+    MoE (Qwen3-MoE, Qwen2-MoE) or dense (Llama, Qwen2, Qwen3) as ``config.architecture`` says; dense
+    models are MoE models whose every layer is an MLP layer. Parameters are named as Hugging Face's
+    (``model.layers.{i}.mlp.experts.gate_up_proj``, ``model.layers.{i}.mlp.gate_proj.weight`` …);
+    :mod:`nibble.model.hf` converts to and from checkpoints. Every weight enters the forward through its
+    bf16 cast and the format the ``plan`` gives it. With ``tie_word_embeddings`` the LM head *is* the
+    embedding parameter (one tensor, named ``model.embed_tokens.weight`` in ``named_parameters``, in the
+    trainer's and in the sampler's form alike), so it is trained, published and applied once.
     """
 
     def __init__(self, config: ModelConfig, plan: PrecisionPlan | None = None):

@@ -53,7 +53,7 @@ def test_missing_expert_is_named(checkpoint):
 @pytest.mark.parametrize(
     ("edit", "match"),
     [
-        (lambda c: c.update(model_type="llama"), "model_type='llama'"),
+        (lambda c: c.update(model_type="gpt2"), "model_type='gpt2'"),
         (lambda c: c.pop("hidden_size"), "hidden_size"),
         (lambda c: c.update(num_experts_per_tok=99), "num_experts_per_tok=99"),
         (lambda c: c.update(num_attention_heads=3), "num_attention_heads=3"),
