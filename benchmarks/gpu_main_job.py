@@ -1,15 +1,19 @@
-"""The main job on one GPU: configs/gpu.yaml (trainer and two samplers sharing GPU 0) run as a user runs it.
+"""The main job on one GPU: a GPU config (trainer and two samplers sharing GPU 0) run as a user runs it.
 
-Three runs of ``nibble run`` at equal steps, one after another: NVFP4 rollouts asynchronous
-(``max_staleness: 2``), NVFP4 synchronous (``max_staleness: 0``), and BF16 rollouts asynchronous. Each
-records held-out accuracy before → after, rewards, wall-clock, sampler and trainer tokens/s, trainer idle
-time, mean staleness, |Δlogprob| at staleness 0 (the bit-exact contract: must be 0) and overall, and the
-GPU memory each service held (``nvidia-smi``, sampled every 2 s); the whole in
-benchmarks/results/h200_gpu_main_job.json with the machine it ran on.
+``configs/gpu.yaml`` (the tiny MoE on addition) or ``configs/smollm2-gpu.yaml`` (SmolLM2-135M-Instruct on
+reasoning-gym chain sums). Up to three runs of ``nibble run`` at equal steps, one after another: NVFP4
+rollouts asynchronous (``max_staleness: 2``), NVFP4 synchronous (``max_staleness: 0``), and BF16 rollouts
+asynchronous. Each records held-out accuracy before → after, rewards, wall-clock, sampler and trainer
+tokens/s, trainer idle time, mean staleness, |Δlogprob| at staleness 0 (the bit-exact contract: must be
+0) and overall, and the GPU memory each service held (``nvidia-smi``, sampled every 2 s); the whole in a
+JSON file with the machine it ran on. ``--variants`` runs some of them; a later invocation with the same
+config and steps adds its runs to the same file (runs may be split over several sessions of a GPU machine).
 
-Reproduce on a CUDA machine (the warm start is trained first when missing, about a minute):
+Reproduce on a CUDA machine (the tiny MoE's warm start is trained first when missing, about a minute):
 
     python -m benchmarks.gpu_main_job --steps 150
+    python -m benchmarks.gpu_main_job --config configs/smollm2-gpu.yaml --steps 60 \
+        --out benchmarks/results/h200_smollm2_main_job.json     # after nibble import-model (see the config)
 """
 
 from __future__ import annotations
@@ -65,12 +69,12 @@ def gpu_memory(stop: threading.Event, peaks: dict[str, int]) -> None:
             peaks[role] = max(peaks.get(role, 0), int(used))
 
 
-def run(name: str, env: dict[str, str], steps: int, out: Path) -> dict:
+def run(name: str, config: Path, env: dict[str, str], steps: int, out: Path) -> dict:
     peaks: dict[str, int] = {}
     stop = threading.Event()
     watcher = threading.Thread(target=gpu_memory, args=(stop, peaks), daemon=True)
     watcher.start()
-    command = [sys.executable, "-c", "from nibble.cli.app import main; main()", "run", "--config", "configs/gpu.yaml"]
+    command = [sys.executable, "-c", "from nibble.cli.app import main; main()", "run", "--config", str(config)]
     environ = {**os.environ, **env, "NIBBLE_TRAINER__TOTAL_STEPS": str(steps)}
     result = subprocess.run([*command, "--out", str(out / name)], cwd=ROOT, env=environ, capture_output=True, text=True)
     stop.set()
@@ -87,25 +91,34 @@ def run(name: str, env: dict[str, str], steps: int, out: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, default=Path("configs/gpu.yaml"))
     parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "gpu_main_job", help="run directories")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "h200_gpu_main_job.json")
     args = parser.parse_args()
     if args.steps < 1:
         parser.error(f"--steps {args.steps} must be at least 1")
     if not torch.cuda.is_available():
-        parser.exit(2, "benchmarks.gpu_main_job needs a CUDA GPU (configs/gpu.yaml places every service on GPU 0)\n")
-    results = {name: run(name, env, args.steps, args.runs) for name, env in VARIANTS.items()}
-    record = {
-        "machine": describe(),
-        "config": "configs/gpu.yaml",
-        "steps": args.steps,
-        "runs": results,
-        "sync_over_async_wall_clock": results["nvfp4_sync"]["wall_seconds"] / results["nvfp4_async"]["wall_seconds"],
-        "nvfp4_over_bf16_sampler_tokens_per_second": results["nvfp4_async"]["sampler_tokens_per_second"]
-        / results["bf16_async"]["sampler_tokens_per_second"],
-    }
+        parser.exit(2, "benchmarks.gpu_main_job needs a CUDA GPU (the GPU configs place every service on GPU 0)\n")
+    if not (ROOT / args.config).is_file():
+        parser.error(f"--config {args.config}: no such file under {ROOT}")
+    record = {"machine": describe(), "config": str(args.config), "steps": args.steps, "runs": {}}
+    if args.out.is_file():
+        earlier = json.loads(args.out.read_text())
+        if (earlier.get("config"), earlier.get("steps")) == (str(args.config), args.steps):
+            record["runs"] = earlier["runs"]  # the same experiment run in parts: keep the parts done before
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    for name in args.variants:
+        record["runs"][name] = run(name, args.config, VARIANTS[name], args.steps, args.runs) | {"machine": describe()}
+        args.out.write_text(json.dumps(record, indent=2) + "\n")  # each finished run is kept
+    runs = record["runs"]
+    if {"nvfp4_sync", "nvfp4_async"} <= set(runs):
+        record["sync_over_async_wall_clock"] = runs["nvfp4_sync"]["wall_seconds"] / runs["nvfp4_async"]["wall_seconds"]
+    if {"bf16_async", "nvfp4_async"} <= set(runs):
+        record["nvfp4_over_bf16_sampler_tokens_per_second"] = (
+            runs["nvfp4_async"]["sampler_tokens_per_second"] / runs["bf16_async"]["sampler_tokens_per_second"]
+        )
     args.out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"recorded in {args.out}")
 
