@@ -11,26 +11,16 @@ from . import grouped
 from .nvfp4 import dequantize
 from .nvfp4_gemm import nvfp4_gemm_kernel
 
-# From this many rows on, decoding inside the GEMM costs more than decoding the operands once and using
-# the vendor bf16 GEMM (measured side by side by benchmarks/kernels_gpu.py on the H200).
-DEQUANTIZE_FALLBACK_ROWS = 128
-# The same for the grouped GEMM (rows = tokens x top-k), where torch._grouped_mm exists.
-GROUPED_FALLBACK_ROWS = 4096
-
-
-# One column-tile width for every tuned configuration: the launch grid is sized with it before tuning.
+# Row invariance: row r of a product must not depend on how many rows are computed with it — the sampler
+# decodes a few rows at a time, the trainer scores thousands, and the bit-exact logprob contract needs the
+# same bits from both. So one tile shape and launch configuration serve every row count (no autotuning,
+# whose pick may differ between processes; no switch to a vendor GEMM above some row count, which sums in
+# another order), and K is split by the column tiles alone. The dequantise-and-vendor-GEMM forms below stay
+# for benchmarks/kernels_gpu.py to measure against.
+BLOCK_M = 16
 BLOCK_N = 64
-
-
-def _configs() -> list[triton.Config]:
-    return [
-        triton.Config({"BLOCK_N": BLOCK_N, "BLOCK_K": bk}, num_warps=w, num_stages=s)
-        for bk, w, s in ((128, 4, 4), (256, 4, 3), (256, 8, 3), (512, 8, 2))
-    ]
-
-
-_tuned = triton.autotune(configs=_configs(), key=["N", "K", "BLOCK_M", "GROUPED", "SPLIT_K"])(nvfp4_gemm_kernel)
-# The Triton interpreter (CPU tests) has no benchmarking driver: it runs one fixed configuration.
+_CUDA_CONFIG = {"BLOCK_N": BLOCK_N, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4}
+# The Triton interpreter (CPU tests) runs a smaller tile.
 _INTERPRETER_CONFIG = {"BLOCK_N": 32, "BLOCK_K": 64}
 # Split K until the launch has this many programs per multiprocessor, keeping at least MIN_SPLIT_K
 # elements of K per program (the interpreter, on small test shapes, splits too: the path is tested).
@@ -39,8 +29,9 @@ MIN_SPLIT_K = {"cuda": 1024, "cpu": 64}
 
 
 def _split_k(programs: int, k: int, device: torch.device) -> int:
-    """How many programs share K: a power of two that fills the GPU at decode sizes (1 when the row and
-    column tiles already do)."""
+    """How many programs share K: a power of two that fills the GPU with ``programs`` column tiles (1 when
+    they already do). Row tiles are not counted, so the split — and each row's summation order — is the
+    same for every number of rows."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
     split = 1
     while programs * split < PROGRAMS_PER_SM * sms and k // (2 * split) >= MIN_SPLIT_K[device.type]:
@@ -67,12 +58,14 @@ def _launch(
     """Run the kernel into ``out`` ``[rows, n]``, through a float32 split-K workspace when K is split."""
     cuda = xe.is_cuda
     block_n = BLOCK_N if cuda else _INTERPRETER_CONFIG["BLOCK_N"]
-    split = _split_k(m_tiles * triton.cdiv(n, block_n), k, xe.device)
+    split = _split_k(triton.cdiv(n, block_n), k, xe.device)
     target = out if split == 1 else torch.empty((split, rows, n), dtype=torch.float32, device=out.device)
     args = (xe, xo, xg, x_rows, w_codes, w_scales, wg, target, *tiles, rows, n, k)
     grid = (m_tiles, triton.cdiv(n, block_n), split)
     if cuda:
-        _tuned[grid](*args, **constexprs, SPLIT_K=split, DOT_DTYPE=tl.float16, enable_fp_fusion=False)
+        nvfp4_gemm_kernel[grid](
+            *args, **constexprs, SPLIT_K=split, **_CUDA_CONFIG, DOT_DTYPE=tl.float16, enable_fp_fusion=False
+        )
     else:
         nvfp4_gemm_kernel[grid](*args, **constexprs, SPLIT_K=split, **_INTERPRETER_CONFIG, DOT_DTYPE=tl.float32)
     if split > 1:
@@ -94,10 +87,6 @@ def _planes(qx: NVFP4Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     float32 in the interpreter) and the per-row global scales ``[M]``."""
     xd, g = _decoded_activations(qx, torch.float16 if qx.codes.is_cuda else torch.float32)
     return xd[:, 0::2].contiguous(), xd[:, 1::2].contiguous(), g
-
-
-def _block_m(rows: int) -> int:
-    return 16 if rows <= 16 else 32 if rows <= 32 else 64 if rows <= 64 else 128
 
 
 def _flat(t: NVFP4Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,21 +111,18 @@ def matmul(qx: NVFP4Tensor, qw: NVFP4Tensor, out_dtype: torch.dtype) -> torch.Te
         out_dtype: dtype of the result ``[M, N]``.
     Operands are validated by :func:`nibble.kernels.gemm.matmul`.
     """
-    m = qx.shape[0]
-    if m >= DEQUANTIZE_FALLBACK_ROWS and qx.codes.is_cuda:
-        return dequantized_matmul(qx, qw, out_dtype)
     return packed_matmul(qx, qw, out_dtype)
 
 
 def packed_matmul(qx: NVFP4Tensor, qw: NVFP4Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    """:func:`matmul` through the packed Triton GEMM, whatever the number of rows."""
+    """:func:`matmul` through the packed Triton GEMM; each row's result is independent of the row count."""
     m, k = qx.shape
     n = qw.shape[0]
     out = torch.empty((m, n), dtype=out_dtype, device=qx.device)
     if m == 0:
         return out
     xe, xo, xg = _planes(qx)
-    block_m = _block_m(m)
+    block_m = BLOCK_M
     w_codes, w_scales = _flat(qw)
     wg = qw.global_scale.reshape(1).to(torch.float32)
     unused = xg  # the grouped-only pointers
@@ -149,7 +135,7 @@ def packed_matmul(qx: NVFP4Tensor, qw: NVFP4Tensor, out_dtype: torch.dtype) -> t
 
 def dequantized_matmul(qx: NVFP4Tensor, qw: NVFP4Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """:func:`matmul` by decoding both operands (exactly, in bf16, global scales applied after) and calling
-    the vendor GEMM with float32 output."""
+    the vendor GEMM with float32 output (its summation order depends on the row count: benchmarks only)."""
     x = dequantize(_unscaled(qx), torch.bfloat16)
     w = dequantize(_unscaled(qw), torch.bfloat16)
     y = torch.mm(x, w.t(), out_dtype=torch.float32)
@@ -177,12 +163,10 @@ def grouped_matmul(
     k = qx.shape[1]
     num_experts, n = qw.shape[0], qw.shape[1]
     r = experts.shape[0]
-    if r >= GROUPED_FALLBACK_ROWS and qx.codes.is_cuda and hasattr(torch, "_grouped_mm"):
-        return dequantized_grouped_matmul(qx, qw, experts, x_rows, out_dtype)
     out = torch.empty((r, n), dtype=out_dtype, device=qx.device)
     if r == 0:
         return out
-    block_m = _block_m(max(1, r // num_experts))
+    block_m = BLOCK_M
     tile_expert, tile_start, tile_end, num_tiles, max_tiles = _tiles(experts, num_experts, block_m)
     xe, xo, xg = _planes(qx)
     w_codes, w_scales = _flat(qw)
@@ -201,7 +185,7 @@ def dequantized_grouped_matmul(
     qx: NVFP4Tensor, qw: NVFP4Tensor, experts: torch.Tensor, x_rows: torch.Tensor | None, out_dtype: torch.dtype
 ) -> torch.Tensor:
     """:func:`grouped_matmul` by decoding the operands (exactly, in bf16) and calling ``torch._grouped_mm``
-    (its bf16 output is rounded once before the global scales are applied)."""
+    (its bf16 output is rounded once before the global scales are applied; benchmarks only)."""
     xd, xg = _decoded_activations(qx, torch.bfloat16)
     if x_rows is not None:
         xd, xg = xd[x_rows], xg[x_rows]

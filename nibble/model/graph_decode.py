@@ -5,13 +5,10 @@ has new shapes and the model's input checks read values back to the host: neithe
 the batch ``B`` and cache length ``S`` are fixed, the write position, RoPE positions and key mask live in
 device tensors updated in place, and attention reads all ``S`` positions with the unwritten ones masked.
 
-Numerics: a masked key adds an exact zero to the softmax and to ``P @ V``, but attending over ``S`` keys
-instead of ``n`` can change the order in which the attention kernel sums the rest. On the CPU (float32
-compute, float64 attention) the logits agree with :class:`CacheDecoder` to well within float32 rounding
-(see tests/nibble/model/test_graph_decode.py); on CUDA (bf16) they can differ by bf16 rounding. The
-trainer's teacher-forced scoring reproduces the dynamic path, so the sampler's bit-exact logprob contract
-(DESIGN.md §4) is stated for that path; this one serves throughput measurement until it is shown to
-meet the same bar.
+Numerics: a masked key adds an exact zero to the softmax and to ``P @ V``, and attention accumulates in
+float64 (:mod:`nibble.recipe.compute`), so attending over ``S`` keys instead of ``n`` leaves every row's
+result as it is; the packed NVFP4 GEMM is row-invariant too. The trainer's teacher-forced scoring therefore
+reproduces what this decoder samples, bit for bit (on the H200: ``benchmarks/gpu_main_job.py``).
 """
 
 from __future__ import annotations
