@@ -115,6 +115,23 @@ def save(
     return final
 
 
+def save_stale_dropped(path: Path, stale_dropped: list[str]) -> None:
+    """Replace the ``stale_dropped`` ledger of checkpoint ``path`` (single-process or sharded: the state is
+    one JSON file), atomically, leaving everything else of it as it was.
+
+    Raises:
+        ValueError: the checkpoint's state is unreadable.
+    """
+    state = load_state(path)
+    state.stale_dropped = list(stale_dropped)
+    file = Path(path) / STATE_FILE
+    tmp = file.with_name(f".{STATE_FILE}.tmp")
+    tmp.write_text(json.dumps(asdict(state)) + "\n")
+    fsync_tree(tmp)
+    os.replace(tmp, file)  # a crash leaves the old ledger or the new one, never a torn file
+    fsync_tree(file.parent, recurse=False)
+
+
 def fsync_tree(path: Path, recurse: bool = True) -> None:
     """Flush ``path`` (a file, or a directory with, when ``recurse``, every file and directory below it) to
     the disk, so a rename that follows publishes only durable data."""

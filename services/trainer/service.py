@@ -81,6 +81,10 @@ class Trainer:
         self.ledger = checkpoint.Ledger(config.trainer.ledger_size, state.trained)
         self.dropped = checkpoint.Ledger(config.trainer.ledger_size, state.stale_dropped)
         self.unacked: list[str] = []
+        # Entries dropped as stale since the last checkpoint: a trainer that stops before its next step is
+        # checkpointed still records them (see _keep_drops), or a resumed one would drop them again and give
+        # their admission slots back a second time.
+        self.dropped_unacked: list[str] = []
         self.out = out
         self.metrics_file = out / "metrics.jsonl"
         self.stop = stop or threading.Event()
@@ -121,15 +125,16 @@ class Trainer:
         if reason is not None:
             self.reader.dead_letter(entry.entry_id, reason, group.SerializeToString())
             return
-        consumed.entry_ids.append(entry.entry_id)
         staleness = self.state.policy_version - group.policy_version
         if staleness > self.config.trainer.max_staleness:
             for i in ids:
                 self.dropped.add(i)
+            self.dropped_unacked.append(entry.entry_id)
             self.metrics.stale_dropped.inc(len(ids))
             self.stale_dropped_total += len(ids)
             self.admission.release(1)
             return
+        consumed.entry_ids.append(entry.entry_id)
         consumed.groups.append(group)
         consumed.trajectory_ids.update(ids)
         for _ in group.responses:
@@ -255,10 +260,27 @@ class Trainer:
         self.checkpointed_step = self.state.step
         if not self.leader:
             return
-        if self.unacked:
-            self.reader.ack(self.unacked)
-            self.unacked = []
+        if self.unacked or self.dropped_unacked:
+            self.reader.ack(self.unacked + self.dropped_unacked)
+            self.unacked, self.dropped_unacked = [], []
         self.reader.trim()
+
+    def _keep_drops(self) -> None:
+        """Add the stale drops made since the last checkpoint to it, then acknowledge their entries (rank 0;
+        for a trainer stopping without checkpointing the step under way).
+
+        The checkpoint's weights, optimiser and trained ledger still match (the stopped step trained nothing
+        that is kept), so only its ``stale_dropped`` grows: a drop has already given its admission slot back
+        and been counted, and redone after a resume it would give the slot back again.
+        """
+        if not self.leader or not self.dropped_unacked:
+            return
+        path = checkpoint.latest(self.config.trainer.checkpoint_dir)
+        if path is None:  # nothing checkpointed yet: the entries stay pending and are judged again
+            return
+        checkpoint.save_stale_dropped(path, self.dropped.ids())
+        self.reader.ack(self.dropped_unacked)
+        self.dropped_unacked = []
 
     def _record(self, result: StepResult, batch, consumed: Consumed, evaluated: bool) -> None:
         m, stats = self.metrics, result.stats
@@ -315,6 +337,7 @@ class Trainer:
             while self.state.step < self.config.trainer.total_steps:
                 self.step()
         except StepAbandoned:
+            self._keep_drops()
             log.info(
                 "stopped at step %d (checkpointed); step %d was evaluating and is dropped, a resumed trainer redoes it",
                 self.checkpointed_step,
@@ -324,6 +347,8 @@ class Trainer:
         except Stopped:
             if self.state.step > self.checkpointed_step:  # checkpoint_every > 1: keep the steps since the last
                 self.checkpoint()
+            else:  # stopped while reading the next step's groups, some of them maybe dropped as stale
+                self._keep_drops()
             log.info("stopped at step %d (checkpointed)", self.state.step)
             return False
         return True
