@@ -75,7 +75,7 @@ def base_hf() -> dict:
         ({"rope_parameters": {**YARN, "partial_rotary_factor": 0.5}}, "partial_rotary_factor"),
         ({"use_sliding_window": True, "sliding_window": 64}, "use_sliding_window=True"),
         ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
-        ({"attention_bias": True}, "attention_bias=True"),
+        ({"mlp_bias": True}, "mlp_bias=True"),  # attention_bias is implemented (Llama, Qwen3)
         ({"attention_dropout": 0.1}, "attention_dropout=0.1"),
         ({"layer_types": ["sliding_attention", "full_attention"]}, "layer_types"),
         ({"rope_scaling": {"type": "linear", "factor": 2.0}, "rope_parameters": None}, "rope_type='linear'"),
