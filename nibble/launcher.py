@@ -340,5 +340,43 @@ def check_devices(config: RunConfig) -> None:
             raise ValueError(f"{key}={device} but this machine has {visible} GPU(s) visible")
 
 
+def check_model_and_task(config: RunConfig) -> None:
+    """Refuse, before a warm start is trained or anything starts: task options the task rejects, a missing
+    ``model.checkpoint`` that ``nibble sft`` cannot make (it trains the tiny built-in model, for tasks with
+    their own character vocabulary), and a quantised plan that quantises no layer of the model.
+
+    Raises:
+        ValueError: naming the setting.
+    """
+    from nibble.model import load_config
+    from nibble.tasks import CharTokenizer, get_task
+
+    try:
+        with get_task(config.task.name, **config.task.options) as task:
+            own_vocabulary = isinstance(task.tokenizer, CharTokenizer)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"task {config.task.name!r}: {exc}") from None
+    checkpoint = config.model.checkpoint
+    if not (checkpoint / "config.json").is_file():
+        if checkpoint.is_file() or checkpoint.suffix == ".gguf":
+            raise ValueError(
+                f"model.checkpoint={checkpoint} is a file, not a checkpoint directory; convert it with "
+                "nibble import-model FILE --out DIR and point model.checkpoint at DIR"
+            )
+        if not own_vocabulary:
+            raise ValueError(
+                f"model.checkpoint={checkpoint} holds no checkpoint, and task {config.task.name!r} uses a "
+                "pretrained model's tokenizer, so no warm start can be trained for it: import the model "
+                "with nibble import-model"
+            )
+        return
+    model = load_config(checkpoint)
+    if config.plan.format != "bf16" and config.plan.quantize == "experts" and not model.is_moe:
+        raise ValueError(
+            f"plan.quantize=experts quantises nothing of {checkpoint}, a dense {model.architecture} model: "
+            f"use plan.quantize: all_linear for {config.plan.format} rollouts (or plan.format: bf16)"
+        )
+
+
 def _interrupt(signum, _frame) -> None:
     raise Interrupted(signum)

@@ -22,19 +22,20 @@ BLOCK_N = 64
 _CUDA_CONFIG = {"BLOCK_N": BLOCK_N, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4}
 # The Triton interpreter (CPU tests) runs a smaller tile.
 _INTERPRETER_CONFIG = {"BLOCK_N": 32, "BLOCK_K": 64}
-# Split K until the launch has this many programs per multiprocessor, keeping at least MIN_SPLIT_K
-# elements of K per program (the interpreter, on small test shapes, splits too: the path is tested).
-PROGRAMS_PER_SM = 2
+# Split K until the launch has TARGET_PROGRAMS programs (two per multiprocessor of an H100/H200), keeping at
+# least MIN_SPLIT_K elements of K per program (the interpreter, on small test shapes, splits too: the path
+# is tested). A constant, not the device's multiprocessor count: a trainer and samplers on different GPUs
+# (or MIG slices) must still split, and so sum, alike.
+TARGET_PROGRAMS = 2 * 132
 MIN_SPLIT_K = {"cuda": 1024, "cpu": 64}
 
 
 def _split_k(programs: int, k: int, device: torch.device) -> int:
-    """How many programs share K: a power of two that fills the GPU with ``programs`` column tiles (1 when
-    they already do). Row tiles are not counted, so the split — and each row's summation order — is the
-    same for every number of rows."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
+    """How many programs share K: a power of two that brings ``programs`` column tiles towards
+    :data:`TARGET_PROGRAMS` (1 when they already reach it). Row tiles are not counted, so the split — and
+    each row's summation order — is the same for every number of rows."""
     split = 1
-    while programs * split < PROGRAMS_PER_SM * sms and k // (2 * split) >= MIN_SPLIT_K[device.type]:
+    while programs * split < TARGET_PROGRAMS and k // (2 * split) >= MIN_SPLIT_K[device.type]:
         split *= 2
     return split
 
@@ -68,8 +69,11 @@ def _launch(
         )
     else:
         nvfp4_gemm_kernel[grid](*args, **constexprs, SPLIT_K=split, **_INTERPRETER_CONFIG, DOT_DTYPE=tl.float32)
-    if split > 1:
-        out.copy_(target.sum(dim=0))
+    if split > 1:  # partial sums added in split order, element by element (a reduction kernel may reorder)
+        total = target[0].clone()
+        for part in target[1:]:
+            total += part
+        out.copy_(total)
 
 
 def _decoded_activations(qx: NVFP4Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -42,7 +42,7 @@ def run(
     A folder that holds a run is never overwritten: without --resume or --new, nibble run refuses it.
     """
     from nibble.cli.run_config import run_config
-    from nibble.launcher import check_devices
+    from nibble.launcher import check_devices, check_model_and_task
     from nibble.rundir import RunRecord, State, choose, inspect, locked
 
     found = choose(out, resume=resume, new=new)
@@ -53,6 +53,7 @@ def run(
         typer.echo(f"{found.describe()}: nothing to resume, left untouched ({out / 'summary.json'})")
         return
     check_devices(loaded)  # refusals come before a warm start is trained or anything started
+    check_model_and_task(loaded)
     if prometheus:
         _require_prometheus()
     with locked(out):

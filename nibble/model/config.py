@@ -44,6 +44,8 @@ INERT_KEYS = frozenset({
     "output_attentions", "output_hidden_states", "return_dict",  # what transformers' forward returns
     "id2label", "label2id", "problem_type",  # classification heads, which a causal LM does not have
     "chunk_size_feed_forward",  # transformers' memory-saving chunking: the same result
+    "attn_implementation",  # which transformers attention kernel computes it: the same function
+    "is_llama_config", "transformers.js_config",  # written by SmolLM2's training and web-export tools
 })  # fmt: skip
 # Keys Nibble does not implement but accepts at the one value that means "off" (anything else is refused).
 OFF_VALUES = {
@@ -52,6 +54,7 @@ OFF_VALUES = {
     "use_sliding_window": (False,),
     "mlp_bias": (False,),
     "pretraining_tp": (1,),  # Llama's tensor-parallel pretraining split: 1 computes the plain product
+    "rope_interleaved": (False,),  # SmolLM2's nanotron key: rotate halves, as transformers' Llama does
     "is_encoder_decoder": (False,),
 }
 # Accepted only alongside use_sliding_window: false, where they have no effect.

@@ -72,28 +72,61 @@ def import_model(source, out, *, dtype: torch.dtype = torch.bfloat16, overwrite:
         raise ValueError(f"dtype {dtype} is not supported; use bfloat16 or float32")
     if not source.exists():
         raise ValueError(f"{source}: no such file or directory")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise ValueError(f"{out}: already exists and is not empty (pass --overwrite to replace it)")
-    if source.resolve() == out.resolve():
-        raise ValueError(f"{out}: the output must differ from the source")
+    _check_out(source, out, overwrite)
     if source.is_file():
         config, state, tokenizer = _read_gguf(source)
     else:
         config, state, tokenizer = _read_hf_directory(source)
     model = model_from_state(config, state, where=str(source), dtype=torch.float32)
-    out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        staging.chmod(0o755)  # mkdtemp's 0700 would otherwise become the checkpoint's mode
         model.save_pretrained(staging, dtype=dtype)
         chat_template = _write_tokenizer(tokenizer, staging)
-        if out.exists():
-            shutil.rmtree(out)
-        staging.rename(out)
+        for path in (staging, *staging.iterdir()):  # mkdtemp's 0700 and safetensors' 0600: readable by a pod
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        _replace(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return Imported(out, config, model.num_parameters(), dtype, chat_template)
+
+
+def _check_out(source: Path, out: Path, overwrite: bool) -> None:
+    """Refuse an output that would lose something — not empty without ``overwrite``; with it, anything but
+    a checkpoint (a folder with ``config.json``), or a folder holding the source — and one that cannot be
+    written, before the (minutes-long) read of the source."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise ValueError(f"{out}: exists and is not a directory; choose another --out")
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise ValueError(f"{out}: already exists and is not empty (pass --overwrite to replace it)")
+        if not (out / "config.json").is_file():
+            raise ValueError(f"{out}: --overwrite replaces a model checkpoint only, and this holds no config.json")
+    resolved = out.resolve()
+    if resolved == source.resolve() or resolved in source.resolve().parents:
+        raise ValueError(f"{out}: the output must not be the source or a folder holding it ({source})")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent)).rmdir()
+    except OSError as exc:
+        raise ValueError(f"{out}: cannot write beside it ({exc.strerror or exc})") from None
+
+
+def _replace(staging: Path, out: Path) -> None:
+    """Move ``staging`` to ``out``; an existing ``out`` is set aside first and removed only once the new one
+    is in place (a failure in between leaves the old checkpoint where it was)."""
+    if not out.exists():
+        staging.rename(out)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+    old.rmdir()
+    out.rename(old)
+    try:
+        staging.rename(out)
+    except BaseException:
+        old.rename(out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _transformers():
@@ -130,16 +163,28 @@ def _read_gguf(path: Path):
         raise ValueError(
             f"{path}: GGUF architecture {arch!r} is not supported; Nibble imports {', '.join(GGUF_ARCHITECTURES)}"
         )
-    if not any(t.name == "token_embd.weight" for t in reader.tensors):
+    names = {t.name for t in reader.tensors}
+    if "token_embd.weight" not in names:
         raise ValueError(f"{path}: holds no token_embd.weight tensor (a vocabulary-only GGUF?), not a model")
+    # transformers' GGUF loader reads rope.freq_base alone: scaled RoPE (Llama 3.1's rope_freqs.weight,
+    # YaRN's rope.scaling.*) would import as plain RoPE and compute other logits without a word.
+    scaling = _field(reader, f"{arch}.rope.scaling.type")
+    if "rope_freqs.weight" in names or scaling not in (None, "none"):
+        raise ValueError(
+            f"{path}: scaled RoPE ({'rope_freqs.weight' if scaling in (None, 'none') else scaling}) is not "
+            "imported from GGUF (transformers' GGUF loader drops it); import the model's HF directory instead"
+        )
     where = dict(pretrained_model_name_or_path=str(path.parent), gguf_file=path.name)
     try:
         hf_config = transformers.AutoConfig.from_pretrained(**where)
-        config = _model_config(hf_config.to_dict(), path)
+    except Exception as exc:  # transformers raises many kinds; each is this file's problem
+        raise ValueError(f"{path}: transformers could not read this GGUF ({type(exc).__name__}: {exc})") from exc
+    config = _model_config(hf_config.to_dict(), path)
+    try:
         hf_model = transformers.AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32)
         tokenizer = transformers.AutoTokenizer.from_pretrained(**where)
-    except (OSError, KeyError) as exc:
-        raise ValueError(f"{path}: transformers could not read this GGUF ({exc})") from exc
+    except Exception as exc:
+        raise ValueError(f"{path}: transformers could not read this GGUF ({type(exc).__name__}: {exc})") from exc
     state = {name: tensor.detach() for name, tensor in hf_model.state_dict().items()}
     return config, state, tokenizer
 
@@ -161,10 +206,11 @@ def _read_hf_directory(path: Path):
     config = load_config(path)
     if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "vocab.json")):
         raise ValueError(f"{path}: no tokenizer (tokenizer.json, tokenizer.model or vocab.json) beside config.json")
+    transformers = _transformers()
     try:
-        tokenizer = _transformers().AutoTokenizer.from_pretrained(str(path))
-    except (OSError, ValueError, KeyError) as exc:
-        raise ValueError(f"{path}: transformers could not load its tokenizer ({exc})") from exc
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
+    except Exception as exc:  # transformers raises many kinds: each is this folder's problem
+        raise ValueError(f"{path}: transformers could not load its tokenizer ({type(exc).__name__}: {exc})") from exc
     return config, read_weights(path), tokenizer
 
 

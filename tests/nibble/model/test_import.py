@@ -53,7 +53,9 @@ def llama_cpp_permute(weight: np.ndarray, heads: int) -> np.ndarray:
     return weight.reshape(heads, 2, weight.shape[0] // heads // 2, weight.shape[1]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def write_gguf(model: LlamaForCausalLM, path: Path, *, quantize_mlp: bool = False, arch: str = "llama") -> Path:
+def write_gguf(
+    model: LlamaForCausalLM, path: Path, *, quantize_mlp: bool = False, arch: str = "llama", rope_freqs: bool = False
+) -> Path:
     """The model as llama.cpp's converter writes a Llama: GGUF names, permuted q/k, F32 tensors (Q8_0 MLPs)."""
     c = model.config
     writer = gguf.GGUFWriter(str(path), arch)
@@ -104,6 +106,8 @@ def write_gguf(model: LlamaForCausalLM, path: Path, *, quantize_mlp: bool = Fals
             writer.add_tensor(out, q8, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
         else:
             writer.add_tensor(out, array)
+    if rope_freqs:  # Llama 3.1's frequency factors, as llama.cpp's converter stores them
+        writer.add_tensor("rope_freqs.weight", np.ones(c.hidden_size // c.num_attention_heads // 2, np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -197,3 +201,31 @@ def test_bad_input_is_named(tmp_path):
     result = CliRunner().invoke(app, ["import-model", source, "--out", str(tmp_path / "out")])
     assert result.exit_code == 2 and "already exists and is not empty" in result.stderr
     assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
+    result = CliRunner().invoke(app, ["import-model", source, "--out", str(tmp_path / "out"), "--overwrite"])
+    assert result.exit_code == 2 and "replaces a model checkpoint only" in result.stderr  # not any folder
+    assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
+
+
+def test_overwrite_never_deletes_the_source_and_replaces_a_checkpoint_whole(tmp_path):
+    model = hf_llama(tied=True)
+    (tmp_path / "ckpt").mkdir()
+    source = write_gguf(model, tmp_path / "ckpt" / "src.gguf")
+    (tmp_path / "ckpt" / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="must not be the source or a folder holding it"):
+        import_model(source, tmp_path / "ckpt", overwrite=True)
+    assert source.is_file()
+    out = tmp_path / "out"
+    import_model(source, out)
+    first = (out / "model.safetensors").read_bytes()
+    import_model(source, out, overwrite=True, dtype=torch.float32)
+    assert (out / "model.safetensors").read_bytes() != first and not list(tmp_path.glob(".out.*"))
+    assert all(p.stat().st_mode & 0o777 == 0o644 for p in out.iterdir())  # readable by a pod's user
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="exists and is not a directory"):
+        import_model(source, tmp_path / "file", overwrite=True)
+
+
+def test_a_gguf_with_scaled_rope_is_refused_not_imported_as_plain_rope(tmp_path):
+    source = write_gguf(hf_llama(tied=True), tmp_path / "llama31.gguf", rope_freqs=True)
+    with pytest.raises(ValueError, match="scaled RoPE \\(rope_freqs.weight\\)"):
+        import_model(source, tmp_path / "out")
