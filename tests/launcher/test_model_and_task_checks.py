@@ -42,13 +42,13 @@ def test_task_options_the_task_rejects_are_named_before_anything_starts(checkpoi
 
 
 def test_a_dense_model_with_an_experts_only_plan_is_refused(checkpoint):
-    with pytest.raises(ValueError, match="plan.quantize=experts quantises nothing .* dense llama"):
+    with pytest.raises(ValueError, match=r"plan\.quantize=experts quantises nothing .* dense llama"):
         check_model_and_task(smollm2_config(checkpoint, plan={"quantize": "experts"}))
     check_model_and_task(smollm2_config(checkpoint, plan={"quantize": "experts", "format": "bf16"}))
 
 
 def test_a_missing_checkpoint_for_a_pretrained_tokenizer_is_refused_not_trained(checkpoint, tmp_path):
-    with pytest.raises(ValueError, match="holds no checkpoint.*nibble import-model"):
+    with pytest.raises(ValueError, match=r"holds no checkpoint.*nibble import-model"):
         check_model_and_task(smollm2_config(checkpoint, model={"checkpoint": str(tmp_path / "missing")}))
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF")

@@ -227,5 +227,5 @@ def test_overwrite_never_deletes_the_source_and_replaces_a_checkpoint_whole(tmp_
 
 def test_a_gguf_with_scaled_rope_is_refused_not_imported_as_plain_rope(tmp_path):
     source = write_gguf(hf_llama(tied=True), tmp_path / "llama31.gguf", rope_freqs=True)
-    with pytest.raises(ValueError, match="scaled RoPE \\(rope_freqs.weight\\)"):
+    with pytest.raises(ValueError, match=r"scaled RoPE \(rope_freqs\.weight\)"):
         import_model(source, tmp_path / "out")
