@@ -138,9 +138,24 @@ class WeightSyncConfig(Section):
     threads: int = Field(
         1, ge=1, description="torch threads for quantisation (more than the free cores slows it down many times)"
     )
+    export_format: Literal["none", "compressed-tensors", "modelopt"] = Field(
+        "none",
+        description="also write each version as an NVFP4 checkpoint directory in this layout (SGLang/vLLM load it "
+        "from disk); compressed-tensors stores the global encode scale, modelopt the decode scale",
+    )
+    export_dir: Path | None = Field(
+        None, description="where exports go, one v<version>/ each; default <store_dir>/export"
+    )
+    export_model_dir: Path | None = Field(
+        None,
+        description="model directory (e.g. model.checkpoint) whose config.json and tokenizer files each export "
+        "carries; unset: config.json holds only quantization_config",
+    )
 
     @model_validator(mode="after")
     def _ports_differ(self) -> WeightSyncConfig:
+        if self.export_dir is not None and self.export_dir.resolve() == self.store_dir.resolve():
+            raise ValueError("weightsync.export_dir must differ from weightsync.store_dir (versions would collide)")
         if self.port and self.port == self.publish_port:
             raise ValueError(f"weightsync.port and weightsync.publish_port are both {self.port}; they must differ")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
