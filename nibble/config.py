@@ -231,6 +231,21 @@ class TrainerConfig(Section):
     collective_timeout_s: float = Field(
         3600.0, gt=0, description="sharded: how long ranks wait in a collective, e.g. for rank 0's next batch"
     )
+    backend: Literal["nibble", "transformer_engine"] = Field(
+        "nibble",
+        description="nibble: Nibble's NVFP4 modules (CPU, any CUDA GPU); transformer_engine: TE's NVFP4 recipe, "
+        "which needs TE's compiled core and a Blackwell GPU (not built yet: refused at start-up, naming what is "
+        "missing)",
+    )
+
+    @model_validator(mode="after")
+    def _backend_has_a_device(self) -> TrainerConfig:
+        if self.backend == "transformer_engine" and self.device == "cpu":
+            raise ValueError(
+                "trainer.backend=transformer_engine needs trainer.device: cuda on a Blackwell GPU (Transformer "
+                "Engine's NVFP4 recipe refuses the CPU and Hopper), and is not built yet; use trainer.backend: nibble"
+            )
+        return self
 
 
 class RunConfig(Section):
