@@ -10,7 +10,14 @@ from nibble.interop.checkpoint import (
     import_checkpoint,
     write_dequantized,
 )
-from nibble.interop.layout import ModuleWeight, decode_scale, encode_scale, fuse_state, split_state
+from nibble.interop.layout import (
+    ModuleWeight,
+    decode_scale,
+    encode_scale,
+    fuse_state,
+    fused_scale_conflicts,
+    split_state,
+)
 
 __all__ = [
     "LAYOUTS",
@@ -22,6 +29,7 @@ __all__ = [
     "export_checkpoint",
     "from_model_dir",
     "fuse_state",
+    "fused_scale_conflicts",
     "import_checkpoint",
     "split_state",
     "write_dequantized",

@@ -11,6 +11,7 @@ block scales, global decode scales and unquantised tensors bit for bit.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -21,10 +22,12 @@ from safetensors.torch import save_file
 
 from nibble.interop.base import Layout
 from nibble.interop.compressed_tensors import COMPRESSED_TENSORS
-from nibble.interop.layout import ModuleWeight, check_module, fuse_state, split_state
+from nibble.interop.layout import ModuleWeight, check_module, fuse_state, fused_scale_conflicts, split_state
 from nibble.interop.modelopt import MODELOPT
 from nibble.recipe.plan import PrecisionPlan
 from nibble.weights import read_safetensors, safetensors_files
+
+log = logging.getLogger(__name__)
 
 LAYOUTS: dict[str, Layout] = {layout.name: layout for layout in (COMPRESSED_TENSORS, MODELOPT)}
 """The layouts by name, as ``--format`` and ``weightsync.export_format`` spell them."""
@@ -88,6 +91,14 @@ def export_checkpoint(
     chosen = _layout(layout)
     out = _check_out(Path(out), overwrite)
     modules, dense = split_state(checkpoint.state)
+    conflicts = fused_scale_conflicts(modules)
+    if conflicts:
+        log.warning(
+            "%d groups of projections that engines fuse have different global scales (e.g. %s); vLLM and SGLang "
+            "would decode them with one scale, wrongly (README, 'NVFP4 checkpoints for SGLang and vLLM')",
+            len(conflicts),
+            conflicts[0],
+        )
     tensors = {k: v.contiguous() for k, v in dense.items()}
     for module, weight in modules.items():
         tensors[f"{module}.{chosen.packed}"] = weight.codes

@@ -23,6 +23,9 @@ FLT_MAX = torch.finfo(torch.float32).max
 NVFP4_PARTS = ("codes", "block_scales", "global_scale")
 _FUSED_EXPERTS = re.compile(r"^(.*\.mlp\.experts)\.(gate_up_proj|down_proj)$")
 _PER_EXPERT_MODULE = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)$")
+FUSED_BY_ENGINES = (("gate_proj", "up_proj"), ("q_proj", "k_proj", "v_proj"))
+"""Sibling linears that vLLM and SGLang load as one layer with one global scale (the largest of the
+checkpoint's; vLLM ``modelopt.py``, ``process_weights_after_loading``: ``weight_scale_2.max()``)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,26 @@ def fuse_state(modules: dict[str, ModuleWeight], dense: dict[str, torch.Tensor])
     for prefix, projections in experts.items():
         out.update(_fuse_experts(prefix, projections))
     return out
+
+
+def fused_scale_conflicts(modules: dict[str, ModuleWeight]) -> list[str]:
+    """Groups of sibling modules (:data:`FUSED_BY_ENGINES`) whose global scales differ: an engine that fuses
+    them decodes all but the largest-scaled one with another's scale, so their values come out wrong.
+
+    Nibble's expert stacks never conflict (gate and up share one scale); separately quantised dense
+    projections (``plan.quantize: all_linear``) usually do.
+    """
+    conflicts = []
+    for group in FUSED_BY_ENGINES:
+        for module in modules:
+            parent, _, leaf = module.rpartition(".")
+            if leaf != group[0]:
+                continue
+            members = [f"{parent}.{name}" for name in group if f"{parent}.{name}" in modules]
+            scales = {modules[m].global_scale.view(torch.int32).item() for m in members}
+            if len(members) > 1 and len(scales) > 1:
+                conflicts.append(f"{parent}.{{{','.join(group)}}}")
+    return conflicts
 
 
 def encode_scale(decode: torch.Tensor) -> torch.Tensor:

@@ -72,3 +72,14 @@ def test_the_encode_scale_decodes_to_exactly_nibbles_decode_scale():
 def test_a_decode_scale_that_is_not_a_reciprocal_is_refused():
     with pytest.raises(ValueError, match="positive finite"):
         encode_scale(torch.tensor([0.0, 1.0]))
+
+
+def test_dense_gate_and_up_with_their_own_scales_are_flagged_expert_stacks_never(moe, dense):
+    from nibble.interop import fused_scale_conflicts
+
+    assert fused_scale_conflicts(split_state(moe.state)[0]) == []
+    # all_linear quantises each dense projection per tensor: layers 0 and 1 are NVFP4, layer 2 BF16
+    assert fused_scale_conflicts(split_state(dense.state)[0]) == [
+        "model.layers.0.mlp.{gate_proj,up_proj}",
+        "model.layers.1.mlp.{gate_proj,up_proj}",
+    ]
