@@ -138,9 +138,24 @@ class WeightSyncConfig(Section):
     threads: int = Field(
         1, ge=1, description="torch threads for quantisation (more than the free cores slows it down many times)"
     )
+    export_format: Literal["none", "compressed-tensors", "modelopt"] = Field(
+        "none",
+        description="also write each version as an NVFP4 checkpoint directory in this layout (SGLang/vLLM load it "
+        "from disk); compressed-tensors stores the global encode scale, modelopt the decode scale",
+    )
+    export_dir: Path | None = Field(
+        None, description="where exports go, one v<version>/ each; default <store_dir>/export"
+    )
+    export_model_dir: Path | None = Field(
+        None,
+        description="model directory (e.g. model.checkpoint) whose config.json and tokenizer files each export "
+        "carries; unset: config.json holds only quantization_config",
+    )
 
     @model_validator(mode="after")
     def _ports_differ(self) -> WeightSyncConfig:
+        if self.export_dir is not None and self.export_dir.resolve() == self.store_dir.resolve():
+            raise ValueError("weightsync.export_dir must differ from weightsync.store_dir (versions would collide)")
         if self.port and self.port == self.publish_port:
             raise ValueError(f"weightsync.port and weightsync.publish_port are both {self.port}; they must differ")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
@@ -216,6 +231,21 @@ class TrainerConfig(Section):
     collective_timeout_s: float = Field(
         3600.0, gt=0, description="sharded: how long ranks wait in a collective, e.g. for rank 0's next batch"
     )
+    backend: Literal["nibble", "transformer_engine"] = Field(
+        "nibble",
+        description="nibble: Nibble's NVFP4 modules (CPU, any CUDA GPU); transformer_engine: TE's NVFP4 recipe, "
+        "which needs TE's compiled core and a Blackwell GPU (not built yet: refused at start-up, naming what is "
+        "missing)",
+    )
+
+    @model_validator(mode="after")
+    def _backend_has_a_device(self) -> TrainerConfig:
+        if self.backend == "transformer_engine" and self.device == "cpu":
+            raise ValueError(
+                "trainer.backend=transformer_engine needs trainer.device: cuda on a Blackwell GPU (Transformer "
+                "Engine's NVFP4 recipe refuses the CPU and Hopper), and is not built yet; use trainer.backend: nibble"
+            )
+        return self
 
 
 class RunConfig(Section):

@@ -43,6 +43,7 @@ def main() -> None:
     """Console-script entry point."""
     from nibble.cli import (  # noqa: F401  (each registers a sub-command)
         check_contract,
+        checkpoint,
         deadletter,
         health,
         import_model,

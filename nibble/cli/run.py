@@ -44,6 +44,7 @@ def run(
     from nibble.cli.run_config import run_config
     from nibble.launcher import check_devices, check_model_and_task
     from nibble.rundir import RunRecord, State, choose, inspect, locked
+    from nibble.trainer.backend import check_backend
 
     found = choose(out, resume=resume, new=new)
     out = found.path
@@ -52,7 +53,8 @@ def run(
     if found.state is State.FINISHED and loaded.trainer.total_steps <= found.steps:
         typer.echo(f"{found.describe()}: nothing to resume, left untouched ({out / 'summary.json'})")
         return
-    check_devices(loaded)  # refusals come before a warm start is trained or anything started
+    check_backend(loaded.trainer.backend, loaded.trainer.device)  # refusals come before anything starts
+    check_devices(loaded)
     check_model_and_task(loaded)
     if prometheus:
         _require_prometheus()

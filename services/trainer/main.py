@@ -44,9 +44,11 @@ def build(config, out: Path, stop: threading.Event):
     from nibble.recipe import PrecisionPlan, param_groups
     from nibble.tasks import get_task
     from nibble.trainer import checkpoint, sharded
+    from nibble.trainer.backend import check_backend
     from nibble.trainer.service import Trainer
 
     t = config.trainer
+    check_backend(t.backend, t.device)
     torch.set_num_threads(t.threads)
     torch.manual_seed(config.seed)
     if sharded.launched_by_torchrun():

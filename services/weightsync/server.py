@@ -28,6 +28,7 @@ from nibble.transport.frames import ChunkFrame, pass_frames, read_frame
 from nibble.transport.grpc_util import add_port, server_options
 from nibble.transport.weights import WeightAssembler, WeightRejected, dtype_name
 from nibble.weightsync import quality
+from nibble.weightsync.export import VersionExporter
 from nibble.weightsync.store import WeightStore
 from nibble.wire import pb, rpc
 
@@ -51,6 +52,7 @@ class WeightSync:
         self.config = config
         self.metrics = metrics
         self.store = WeightStore(config.store_dir, config.keep_versions)
+        self.exporter = VersionExporter(config) if config.export_format != "none" else None
         self._set_version()
         self._changed = threading.Condition()
         self._closing = False
@@ -95,6 +97,7 @@ class WeightSync:
             with self._publish_lock:
                 self._check_newer(manifest.policy_version)
                 self._check_layout(manifest.policy_version, quantized)
+                self._export(manifest.policy_version, quantized, plan)
                 stored = self.store.put(
                     manifest.policy_version,
                     quantized,
@@ -119,6 +122,16 @@ class WeightSync:
             self.metrics.quant_rel_error.labels(layer=layer).set(value)
         self.metrics.four_over_six_fraction.set(measured.four_over_six_fraction)
         return pb.PublishReply(policy_version=stored.version, bytes_received=manifest.total_bytes)
+
+    def _export(self, version: int, quantized: dict[str, torch.Tensor], plan: PrecisionPlan) -> None:
+        """Write the version's checkpoint directory before it is stored and announced (a failure rejects
+        the publication: an engine told of a version must find it on disk)."""
+        if self.exporter is None:
+            return
+        try:
+            self.exporter.write(version, quantized, plan)
+        except (OSError, ValueError) as exc:
+            raise WeightRejected("export_failed", f"writing the {self.config.export_format} export: {exc}") from None
 
     def _receive(
         self, items: Iterator[pb.WeightStreamItem | ChunkFrame], assembler: WeightAssembler
