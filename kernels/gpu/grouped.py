@@ -1,8 +1,9 @@
 """Grouped (per-expert) GEMMs through PyTorch's vendor kernel ``torch._grouped_mm``, with no Triton.
 
 Rows arrive sorted by expert; the group offsets are built on the device, so a whole MoE layer runs
-without a device-to-host synchronisation and can be captured in a CUDA graph. Used for bf16 experts
-and for the NVFP4 grouped GEMM's dequantise-then-GEMM fallback.
+without a device-to-host synchronisation and can be captured in a CUDA graph. Used for bf16 experts,
+for the NVFP4 grouped GEMM's dequantise-then-GEMM fallback, and for the two backward GEMMs of the
+trainer's quantised experts (:mod:`nibble.recipe.grouped`).
 """
 
 from __future__ import annotations
@@ -35,3 +36,33 @@ def grouped_mm(x: torch.Tensor, weight: torch.Tensor, experts: torch.Tensor) -> 
     """
     offsets = torch.cumsum(expert_counts(experts, weight.shape[0]), 0).to(torch.int32)
     return torch._grouped_mm(x, weight.transpose(1, 2), offs=offsets)
+
+
+def grouped_mm_dgrad(dy: torch.Tensor, weight: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+    """``out[r] = dy[r] @ weight[experts[r]]`` (the input gradient of :func:`grouped_mm`), one launch.
+
+    Args:
+        dy: bf16 ``[R, N]``, rows grouped by expert.
+        weight: bf16 ``[E, N, K]`` (row-major: the kernel's row-major right operand).
+        experts: int64 ``[R]``, sorted ascending.
+    Returns:
+        bf16 ``[R, K]``.
+    """
+    offsets = torch.cumsum(expert_counts(experts, weight.shape[0]), 0).to(torch.int32)
+    return torch._grouped_mm(dy, weight, offs=offsets)
+
+
+def grouped_mm_wgrad(dy: torch.Tensor, x: torch.Tensor, experts: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """``out[e] = dy[rows of e].T @ x[rows of e]`` (the weight gradient of :func:`grouped_mm`), one launch.
+
+    The groups run along the contraction dimension (the rows); an expert with no rows gets zeros.
+
+    Args:
+        dy: bf16 ``[R, N]``, rows grouped by expert.
+        x: bf16 ``[R, K]``, the same rows.
+        experts: int64 ``[R]``, sorted ascending.
+    Returns:
+        bf16 ``[E, N, K]``.
+    """
+    offsets = torch.cumsum(expert_counts(experts, num_experts), 0).to(torch.int32)
+    return torch._grouped_mm(dy.T, x, offs=offsets)

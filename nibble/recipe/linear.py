@@ -49,13 +49,15 @@ def forward_product(qx: QuantizedWeight, qweight: QuantizedWeight, fmt: str, pla
     return linear(dequantize(qx, cd), dequantize(qweight, cd))
 
 
-def _parts(q: QuantizedWeight) -> tuple[torch.Tensor, ...]:
+def tensor_parts(q: QuantizedWeight) -> tuple[torch.Tensor, ...]:
+    """The tensors of a quantised operand (codes or elements, scales), for ``ctx.save_for_backward``."""
     if isinstance(q, MXFP8Tensor):
         return (q.elements, q.block_scales)
     return (q.codes, q.block_scales, q.global_scale)
 
 
-def _rebuild(like: QuantizedWeight, parts: tuple[torch.Tensor, ...]) -> QuantizedWeight:
+def rebuild_tensor(like: QuantizedWeight, parts: tuple[torch.Tensor, ...]) -> QuantizedWeight:
+    """A quantised operand of ``like``'s kind and settings from :func:`tensor_parts`' tensors."""
     if isinstance(like, MXFP8Tensor):
         return MXFP8Tensor(*parts, like.scale_mode)
     return NVFP4Tensor(*parts, like.four_over_six, like.shape)
@@ -75,8 +77,8 @@ class QuantizedMatmul(torch.autograd.Function):
         ctx.fmt, ctx.plan, ctx.x_dtype = fmt, plan, x.dtype
         if plan.backward == "dequantized":
             ctx.like = (qx, qweight)
-            ctx.n_x = len(_parts(qx))
-            ctx.save_for_backward(*_parts(qx), *_parts(qweight))
+            ctx.n_x = len(tensor_parts(qx))
+            ctx.save_for_backward(*tensor_parts(qx), *tensor_parts(qweight))
         else:
             ctx.save_for_backward(x, weight)
         return y
@@ -87,8 +89,8 @@ class QuantizedMatmul(torch.autograd.Function):
         dy = dy.to(cd)
         if plan.backward == "dequantized":
             saved = ctx.saved_tensors
-            qx = _rebuild(ctx.like[0], saved[: ctx.n_x])
-            qw = _rebuild(ctx.like[1], saved[ctx.n_x :])
+            qx = rebuild_tensor(ctx.like[0], saved[: ctx.n_x])
+            qw = rebuild_tensor(ctx.like[1], saved[ctx.n_x :])
             x_op, w_op, dy_dgrad, dy_wgrad = dequantize(qx, cd), dequantize(qw, cd), dy, dy
         else:
             x, weight = ctx.saved_tensors

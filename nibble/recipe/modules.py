@@ -13,12 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nibble.kernels import gemm
-from nibble.kernels.gpu import grouped
 from nibble.recipe.compute import linear
-from nibble.recipe.linear import quantized_matmul, select, uses_kernels
+from nibble.recipe.grouped import expert_linear, grouped_quantized_matmul
+from nibble.recipe.linear import quantized_matmul, select
 from nibble.recipe.plan import PrecisionPlan
-from nibble.recipe.quant import QuantizedWeight, quantize_activation, quantize_weight
+from nibble.recipe.quant import QuantizedWeight, quantize_weight
 
 
 def bf16_operand(weight: torch.Tensor, plan: PrecisionPlan) -> torch.Tensor:
@@ -78,9 +77,11 @@ class PlannedExperts(nn.Module):
     """Routed SwiGLU experts as stacks: ``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``.
 
     Quantised per expert projection with gate and up sharing one outer scale (they are one tensor).
-    Tokens are sorted by expert; on CUDA without gradients (sampler, ``π_old`` scoring) all experts run
-    in two grouped GEMM launches (the NVFP4 Triton kernel, or ``torch._grouped_mm`` for bf16 experts in
-    bf16 compute) with no host synchronisation, otherwise each expert runs one matmul over its tokens.
+    Tokens are sorted by expert and each projection is one grouped product (:mod:`nibble.recipe.grouped`)
+    for the sampler, ``π_old`` scoring and ``π_θ`` alike: on CUDA in bf16 compute one launch for all
+    experts, forward and backward, with no host synchronisation in the forward. Only the ``quantized``
+    and ``high_precision`` backward modes with gradients, and per-tensor NVFP4 activation scales (a
+    token's codes then depend on its expert's other tokens), keep one matmul per expert.
     """
 
     def __init__(self, num_experts: int, hidden: int, inter: int, *, fmt: str, plan: PrecisionPlan):
@@ -91,17 +92,49 @@ class PlannedExperts(nn.Module):
         self.packed: tuple[QuantizedWeight, QuantizedWeight] | None = None
 
     def forward(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-        """``x [N, H]``, ``top_k_index`` int64 ``[N, k]``, ``top_k_weights [N, k]`` -> ``[N, H]``."""
-        if self._grouped_kernel_applies(x):
-            return self._grouped_forward(x, top_k_index, top_k_weights)
+        """``x [N, H]``, ``top_k_index`` int64 ``[N, k]``, ``top_k_weights [N, k]`` -> ``[N, H]`` in the
+        plan's compute dtype."""
         cd = self.plan.torch_compute_dtype
-        k = top_k_index.shape[1]
         flat = top_k_index.reshape(-1)
         order = torch.argsort(flat, stable=True)
-        token = order // k
-        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
-        xs = x.to(cd)[token]
+        experts, token = flat[order], order // top_k_index.shape[1]
+        if self.runs_grouped():
+            gate_up, down = self._grouped_operands()
+            gate, up = self._grouped_product(x.to(cd), gate_up, experts, token).chunk(2, dim=-1)
+            routed = self._grouped_product(F.silu(gate) * up, down, experts, None)
+        else:
+            routed = self._looped(x.to(cd)[token], experts)
+        weighted = routed * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(cd)
+        return torch.zeros(x.shape, dtype=cd, device=x.device).index_add(0, token, weighted)
+
+    def runs_grouped(self) -> bool:
+        """Whether this forward runs the grouped products (else one matmul per expert)."""
+        if self.fmt == "bf16":
+            return True  # autograd differentiates the grouped product itself, whatever the backward mode
+        # Quantising each token once for all its experts is the per-expert function only when a token's
+        # codes do not depend on the other rows; MXFP8 scales are per 32-element block of one row.
+        row_independent = self.fmt == "mxfp8" or self.plan.activation_scale == "per_token"
+        needs_grad = self.packed is None and torch.is_grad_enabled()
+        return row_independent and (not needs_grad or self.plan.backward == "dequantized")
+
+    def _grouped_operands(self):
+        if self.fmt == "bf16":
+            return [bf16_operand(w, self.plan) for w in (self.gate_up_proj, self.down_proj)]
+        if self.packed is not None:
+            return [(None, q) for q in self.packed]
+        return [(w, quantize_weight(w, self.fmt, self.plan)) for w in (self.gate_up_proj, self.down_proj)]
+
+    def _grouped_product(self, a: torch.Tensor, operand, experts: torch.Tensor, rows: torch.Tensor | None):
+        """``out[r] = a[rows[r]] @ W[experts[r]].T`` (``rows=None``: row ``r``) for all experts at once."""
+        if self.fmt == "bf16":
+            return expert_linear(a if rows is None else a[rows], operand, experts)
+        weight, qweight = operand
+        return grouped_quantized_matmul(a, weight, qweight, experts, rows, self.fmt, self.plan)
+
+    def _looped(self, xs: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """The per-expert path: ``xs [R, H]`` sorted by ``experts [R]`` -> ``[R, H]``, one matmul each."""
         gate_up, down = self._operands()
+        counts = torch.bincount(experts, minlength=self.num_experts).tolist()
         outputs, start = [], 0
         for expert, count in enumerate(counts):
             if count:
@@ -109,61 +142,15 @@ class PlannedExperts(nn.Module):
                 gate, up = self._matmul(segment, gate_up, expert).chunk(2, dim=-1)
                 outputs.append(self._matmul(F.silu(gate) * up, down, expert))
                 start += count
-        routed = torch.cat(outputs) if outputs else xs.new_zeros(0, x.shape[-1])
-        weighted = routed * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(cd)
-        return torch.zeros(x.shape, dtype=cd, device=x.device).index_add(0, token, weighted)
-
-    def _grouped_kernel_applies(self, x: torch.Tensor) -> bool:
-        if self.fmt == "bf16":
-            # The vendor grouped GEMM takes bf16 only (bf16 compute, the GPU plan); trainer-form weights
-            # that need gradients keep the per-expert loop, whose backward autograd provides.
-            needs_grad = torch.is_grad_enabled() and self.gate_up_proj.requires_grad
-            return grouped.available(x.device, self.plan.torch_compute_dtype) and not needs_grad
-        # Per-token activation scales make a token's codes independent of which expert's batch it is in,
-        # so quantising each token once for all its experts is the same function as the per-expert loop.
-        return (
-            uses_kernels(x, self.fmt)
-            and self.plan.activation_scale == "per_token"
-            and (self.packed is not None or not torch.is_grad_enabled())
-        )
-
-    def _grouped_forward(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
-        """All experts in two grouped GEMM launches (gate/up, down), with no host synchronisation."""
-        cd = self.plan.torch_compute_dtype
-        flat = top_k_index.reshape(-1)
-        order = torch.argsort(flat, stable=True)
-        experts, token = flat[order], order // top_k_index.shape[1]
-        gate_up, down = self._grouped_operands()
-        gate, up = self._grouped_product(x.to(cd), gate_up, experts, token).chunk(2, dim=-1)
-        routed = self._grouped_product(F.silu(gate) * up, down, experts, None)
-        weighted = routed * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(cd)
-        return torch.zeros(x.shape, dtype=cd, device=x.device).index_add(0, token, weighted)
-
-    def _grouped_operands(self):
-        if self.fmt == "bf16":
-            return [bf16_operand(w, self.plan) for w in (self.gate_up_proj, self.down_proj)]
-        if self.packed is not None:
-            return self.packed
-        return [quantize_weight(w, self.fmt, self.plan) for w in (self.gate_up_proj, self.down_proj)]
-
-    def _grouped_product(self, a: torch.Tensor, weight, experts: torch.Tensor, rows: torch.Tensor | None):
-        """``out[r] = a[rows[r]] @ weight[experts[r]].T`` (``rows=None``: row ``r``) in one launch."""
-        if self.fmt == "bf16":
-            return grouped.grouped_mm(a if rows is None else a[rows], weight, experts)
-        qa = quantize_activation(a, self.fmt, self.plan)
-        return gemm.grouped_matmul(qa, weight, experts, rows, out_dtype=self.plan.torch_compute_dtype, validate=False)
+        return torch.cat(outputs) if outputs else xs.new_zeros(0, xs.shape[-1])
 
     def _operands(self):
         if self.packed is not None:
             return [(None, q) for q in self.packed]
-        if self.fmt == "bf16":
-            return [(bf16_operand(w, self.plan), None) for w in (self.gate_up_proj, self.down_proj)]
         return [(w, quantize_weight(w, self.fmt, self.plan)) for w in (self.gate_up_proj, self.down_proj)]
 
     def _matmul(self, x: torch.Tensor, operand, expert: int) -> torch.Tensor:
         weight, qweight = operand
-        if qweight is None:
-            return linear(x, weight[expert])
         w = None if weight is None else weight[expert]
         return quantized_matmul(x, w, select(qweight, expert), self.fmt, self.plan)
 

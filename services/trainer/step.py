@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+from torch.profiler import record_function
 
 from nibble.config import TrainerConfig
 from nibble.model import MoETransformer
@@ -76,8 +77,10 @@ def train_on_batch(
     ``batch`` and trains on its share of each update's groups (``reference`` sharded alike); the loss
     returned is the whole update's. The batch moves to the model's device first."""
     batch = batch.to(next(model.parameters()).device)
-    old = old_policy(model, batch, shard)
-    ref = old_policy(reference, batch, shard).logprobs if reference is not None else None
+    # Named ranges for torch.profiler (benchmarks/sharded_trainer.py --profile); free when not profiling.
+    with record_function("trainer.old_policy"):
+        old = old_policy(model, batch, shard)
+        ref = old_policy(reference, batch, shard).logprobs if reference is not None else None
     advantages = group_advantages(batch.rewards, batch.group_index)
     group_ids, zero_std = zero_std_groups(batch.rewards, batch.group_index)
     zero = {int(g) for g, z in zip(group_ids.tolist(), zero_std.tolist(), strict=True) if z}
@@ -126,11 +129,36 @@ def _update(model, optimizer, batch: Batch, old_logprobs, ref_logprobs, advantag
         level = config.correction_level
         num_valid = int(valid_token_mask(batch.sampler_logprobs[rows], batch.mask[rows], correction_level=level).sum())
         rows, share = _local_rows(batch, groups, shard)
+    with record_function("trainer.forward"):
+        loss, stats = _loss(model, batch, rows, old_logprobs, ref_logprobs, advantages, config, num_valid)
+    loss = loss * share
+    if shard is not None:
+        stats = _whole_update_stats(stats, share)
+    optimizer.zero_grad(set_to_none=True)
+    finite = bool(torch.isfinite(loss))
+    if shard is not None:  # every rank must take the same branch (the backward is collective)
+        finite = sharded.all_sum(0.0 if finite else 1.0) == 0.0
+    if not finite:
+        return None, stats, float("nan")
+    with record_function("trainer.backward"):
+        (loss if shard is None else loss * sharded.backward_scale(shard)).backward()
+    with record_function("trainer.optimizer"):
+        norm = sharded.full_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
+        if not math.isfinite(norm):
+            optimizer.zero_grad(set_to_none=True)
+            return None, stats, norm
+        optimizer.step()
+    total = loss.item() if shard is None else sharded.all_sum(loss.item())
+    return total, stats, norm
+
+
+def _loss(model, batch: Batch, rows, old_logprobs, ref_logprobs, advantages, config, num_valid):
+    """π_θ's teacher-forced forward over ``rows`` and the policy loss (scalar tensor, stats dict)."""
     current = score(
         model, [batch.prompts[i] for i in rows], [batch.responses[i] for i in rows], temperature=batch.temperature
     )
     width = current.logprobs.shape[1]
-    loss, stats = policy_loss(
+    return policy_loss(
         current.logprobs,
         old_logprobs[rows, :width],
         batch.sampler_logprobs[rows, :width],
@@ -145,23 +173,6 @@ def _update(model, optimizer, batch: Batch, old_logprobs, ref_logprobs, advantag
         kl_coef=config.kl_coef if ref_logprobs is not None else 0.0,
         num_valid_tokens=num_valid,
     )
-    loss = loss * share
-    if shard is not None:
-        stats = _whole_update_stats(stats, share)
-    optimizer.zero_grad(set_to_none=True)
-    finite = bool(torch.isfinite(loss))
-    if shard is not None:  # every rank must take the same branch (the backward is collective)
-        finite = sharded.all_sum(0.0 if finite else 1.0) == 0.0
-    if not finite:
-        return None, stats, float("nan")
-    (loss if shard is None else loss * sharded.backward_scale(shard)).backward()
-    norm = sharded.full_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
-    if not math.isfinite(norm):
-        optimizer.zero_grad(set_to_none=True)
-        return None, stats, norm
-    optimizer.step()
-    total = loss.item() if shard is None else sharded.all_sum(loss.item())
-    return total, stats, norm
 
 
 def _whole_update_stats(stats: dict[str, float], share: float) -> dict[str, float]:

@@ -36,6 +36,23 @@ def test_grouped_mm_equals_one_matmul_per_expert():
     torch.testing.assert_close(out.float(), ref, atol=0, rtol=2**-8)
 
 
+@pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="this PyTorch has no torch._grouped_mm")
+def test_grouped_backward_gemms_equal_one_matmul_per_expert():
+    # The trainer's backward launches: dgrad[r] = dy[r] @ W[e(r)], wgrad[e] = dy[rows of e].T @ x[rows of e],
+    # zeros for the experts without rows (0 and 3). Same tolerance as above: one bf16 rounding.
+    dy = torch.randn(40, 48, generator=torch.Generator().manual_seed(3)).to(DEVICE, torch.bfloat16)
+    x = torch.randn(40, 32, generator=torch.Generator().manual_seed(1)).to(DEVICE, torch.bfloat16)
+    w = torch.randn(6, 48, 32, generator=torch.Generator().manual_seed(2)).to(DEVICE, torch.bfloat16)
+    experts = routed_rows(40, 6)
+    dgrad = grouped.grouped_mm_dgrad(dy, w, experts)
+    dgrad_ref = torch.stack([dy[r].float() @ w[experts[r]].float() for r in range(40)])
+    torch.testing.assert_close(dgrad.float(), dgrad_ref, atol=0, rtol=2**-8)
+    wgrad = grouped.grouped_mm_wgrad(dy, x, experts, 6)
+    wgrad_ref = torch.stack([dy[experts == e].float().T @ x[experts == e].float() for e in range(6)])
+    assert wgrad.shape == (6, 48, 32) and not wgrad[0].any() and not wgrad[3].any()
+    torch.testing.assert_close(wgrad.float(), wgrad_ref, atol=1e-6, rtol=2**-8)
+
+
 def test_grouped_path_is_cuda_bf16_only():
     assert not grouped.available(torch.device("cpu"), torch.bfloat16)
     assert not grouped.available(torch.device("cuda"), torch.float32)
