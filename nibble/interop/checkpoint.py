@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from nibble.interop.base import Layout
 from nibble.interop.compressed_tensors import COMPRESSED_TENSORS
 from nibble.interop.layout import ModuleWeight, check_module, fuse_state, fused_scale_conflicts, split_state
 from nibble.interop.modelopt import MODELOPT
+from nibble.model.checkpoint_dir import check_output, write_directory
 from nibble.recipe.plan import PrecisionPlan
 from nibble.weights import read_safetensors, safetensors_files
 
@@ -89,7 +89,8 @@ def export_checkpoint(
             no NVFP4 form in these layouts (MXFP8), naming it.
     """
     chosen = _layout(layout)
-    out = _check_out(Path(out), overwrite)
+    out = Path(out)
+    check_output(out, overwrite=overwrite)
     modules, dense = split_state(checkpoint.state)
     conflicts = fused_scale_conflicts(modules)
     if conflicts:
@@ -176,7 +177,8 @@ def write_dequantized(
     """
     if checkpoint.model_config is None:
         raise ValueError("the checkpoint has no model config (config.json) to write")
-    out = _check_out(Path(out), overwrite)
+    out = Path(out)
+    check_output(out, overwrite=overwrite)
     tensors = {k: v.contiguous() for k, v in dequantized_state(checkpoint, dtype).items()}
     config = {**checkpoint.model_config, "torch_dtype": str(dtype).removeprefix("torch.")}
 
@@ -190,27 +192,17 @@ def write_dequantized(
     return out
 
 
-def _check_out(out: Path, overwrite: bool) -> Path:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise ValueError(f"{out}: exists and is not empty (pass overwrite=True / --overwrite to replace it)")
-    return out
-
-
 def _write_directory(out: Path, fill, tokenizer_from: Path | None) -> None:
-    """Fill a temporary sibling of ``out`` and rename it into place: ``out`` is complete or absent."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    """``fill`` a new directory with the tokenizer files of ``tokenizer_from`` beside, and move it to
+    ``out`` (:func:`nibble.model.checkpoint_dir.write_directory`: complete or as it was)."""
+
+    def fill_all(tmp: Path) -> None:
         fill(tmp)
         for name in TOKENIZER_FILES if tokenizer_from is not None else ():
             if (Path(tokenizer_from) / name).is_file():
                 shutil.copyfile(Path(tokenizer_from) / name, tmp / name)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    write_directory(out, fill_all)
 
 
 def _layout(name: str) -> Layout:

@@ -15,13 +15,12 @@ storage loses nothing the model computes with).
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from nibble.model.checkpoint_dir import check_output, write_directory
 from nibble.model.config import ModelConfig
 from nibble.model.hf import load_config, model_from_state, read_weights
 
@@ -72,61 +71,21 @@ def import_model(source, out, *, dtype: torch.dtype = torch.bfloat16, overwrite:
         raise ValueError(f"dtype {dtype} is not supported; use bfloat16 or float32")
     if not source.exists():
         raise ValueError(f"{source}: no such file or directory")
-    _check_out(source, out, overwrite)
+    check_output(out, overwrite=overwrite, source=source)
     if source.is_file():
         config, state, tokenizer = _read_gguf(source)
     else:
         config, state, tokenizer = _read_hf_directory(source)
     model = model_from_state(config, state, where=str(source), dtype=torch.float32)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    chat_template = False
+
+    def fill(staging: Path) -> None:
+        nonlocal chat_template
         model.save_pretrained(staging, dtype=dtype)
         chat_template = _write_tokenizer(tokenizer, staging)
-        for path in (staging, *staging.iterdir()):  # mkdtemp's 0700 and safetensors' 0600: readable by a pod
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        _replace(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+
+    write_directory(out, fill)
     return Imported(out, config, model.num_parameters(), dtype, chat_template)
-
-
-def _check_out(source: Path, out: Path, overwrite: bool) -> None:
-    """Refuse an output that would lose something — not empty without ``overwrite``; with it, anything but
-    a checkpoint (a folder with ``config.json``), or a folder holding the source — and one that cannot be
-    written, before the (minutes-long) read of the source."""
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise ValueError(f"{out}: exists and is not a directory; choose another --out")
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise ValueError(f"{out}: already exists and is not empty (pass --overwrite to replace it)")
-        if not (out / "config.json").is_file():
-            raise ValueError(f"{out}: --overwrite replaces a model checkpoint only, and this holds no config.json")
-    resolved = out.resolve()
-    if resolved == source.resolve() or resolved in source.resolve().parents:
-        raise ValueError(f"{out}: the output must not be the source or a folder holding it ({source})")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent)).rmdir()
-    except OSError as exc:
-        raise ValueError(f"{out}: cannot write beside it ({exc.strerror or exc})") from None
-
-
-def _replace(staging: Path, out: Path) -> None:
-    """Move ``staging`` to ``out``; an existing ``out`` is set aside first and removed only once the new one
-    is in place (a failure in between leaves the old checkpoint where it was)."""
-    if not out.exists():
-        staging.rename(out)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
-    old.rmdir()
-    out.rename(old)
-    try:
-        staging.rename(out)
-    except BaseException:
-        old.rename(out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _transformers():

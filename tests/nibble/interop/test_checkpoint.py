@@ -89,13 +89,17 @@ def test_a_tokenizer_beside_the_source_travels_with_the_export(dense, tmp_path):
     assert (out / "tokenizer.json").read_text() == "{}"
 
 
-def test_a_non_empty_out_is_refused_unless_overwritten(dense, tmp_path):
+def test_a_non_empty_out_is_refused_unless_overwritten_and_only_a_checkpoint_is_overwritten(dense, tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep").write_text("x")
     with pytest.raises(ValueError, match="exists and is not empty"):
         export_checkpoint(dense, tmp_path / "out", "modelopt")
-    export_checkpoint(dense, tmp_path / "out", "modelopt", overwrite=True)
-    assert not (tmp_path / "out" / "keep").exists()
+    with pytest.raises(ValueError, match="replaces a model checkpoint only"):
+        export_checkpoint(dense, tmp_path / "out", "modelopt", overwrite=True)
+    assert (tmp_path / "out" / "keep").read_text() == "x"
+    export_checkpoint(dense, tmp_path / "ckpt", "compressed-tensors")
+    export_checkpoint(dense, tmp_path / "ckpt", "modelopt", overwrite=True)  # a checkpoint: replaced whole
+    assert (tmp_path / "ckpt" / "hf_quant_config.json").is_file() and not list(tmp_path.glob(".ckpt.*"))
 
 
 def test_dequantized_import_is_a_checkpoint_nibble_loads_with_nibbles_decoded_values(moe, tmp_path):
