@@ -191,6 +191,41 @@ class SamplerConfig(Section):
     gpu_memory_fraction: MemoryFraction = Field(
         None, description="share of the GPU's memory each sampler may allocate (when it shares the GPU)"
     )
+    engine: Literal["builtin", "sglang"] = Field(
+        "builtin",
+        description="builtin: Nibble's own engine in the sampler process; sglang: drive an SGLang server over its "
+        "HTTP API (one per sampler, sglang_urls), which loads each version from weightsync.export_dir",
+    )
+    sglang_urls: list[str] = Field(
+        default_factory=list,
+        description="engine=sglang: one SGLang server per sampler (http://host:port); sampler-<i> drives the i-th",
+    )
+    sglang_timeout_seconds: float = Field(
+        600.0, gt=0, description="engine=sglang: read timeout of each request (a whole batch must generate in it)"
+    )
+    sglang_connect_timeout_seconds: float = Field(5.0, gt=0, description="engine=sglang: TCP connect timeout")
+    sglang_retry_seconds: float = Field(
+        60.0, ge=0, description="engine=sglang: 503s and refused connections are retried (backoff) this long"
+    )
+    sglang_startup_seconds: float = Field(
+        600.0, gt=0, description="engine=sglang: how long a sampler waits for its server's /health_generate"
+    )
+    http_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="serve SGLang's /generate (for sglang-router and SGLang clients) on metrics_host; 0 = any free "
+        "port; None: not served",
+    )
+
+    @model_validator(mode="after")
+    def _sglang_has_servers(self) -> SamplerConfig:
+        if self.engine == "sglang" and not self.sglang_urls:
+            raise ValueError("sampler.engine=sglang needs sampler.sglang_urls (one SGLang server per sampler)")
+        for url in self.sglang_urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"sampler.sglang_urls: {url!r} is not an http:// or https:// URL")
+        return self
 
 
 class TrainerConfig(Section):
@@ -278,6 +313,7 @@ class RunConfig(Section):
                 f"per version ((max_staleness + 1) x groups_per_step x publish_every = {allowed})"
             )
         self._check_placement()
+        self._check_sglang()
         if t.groups_per_step % t.updates_per_batch:
             raise ValueError(
                 f"trainer.groups_per_step={t.groups_per_step} is not divisible by "
@@ -291,6 +327,27 @@ class RunConfig(Section):
         when it is on CUDA, float32 on the CPU). A CPU sampler of a CUDA trainer then computes in bfloat16
         too, so both sides round alike and publish the same plan."""
         return "cpu" if self.trainer.device == "cpu" else "cuda"
+
+    def _check_sglang(self) -> None:
+        """SGLang servers load every version from weight-sync's NVFP4 export, one server per sampler."""
+        s = self.sampler
+        if s.engine != "sglang":
+            return
+        if self.weightsync.export_format == "none":
+            raise ValueError(
+                "sampler.engine=sglang loads each version from weight-sync's export: set weightsync.export_format "
+                "(compressed-tensors or modelopt) and weightsync.export_dir to a path the SGLang servers read"
+            )
+        if self.plan.format != "nvfp4":
+            raise ValueError(
+                f"sampler.engine=sglang samples from weight-sync's NVFP4 export; plan.format={self.plan.format} "
+                "has no such export (use sampler.engine: builtin)"
+            )
+        if len(s.sglang_urls) != self.num_samplers:
+            raise ValueError(
+                f"sampler.sglang_urls has {len(s.sglang_urls)} servers for num_samplers={self.num_samplers}: each "
+                "sampler drives its own server (two would swap each other's weights)"
+            )
 
     def _check_placement(self) -> None:
         """torchrun ranks take ``cuda``; GPUs shared by several services must not be promised more than their

@@ -1,5 +1,5 @@
-"""Real services the tests run against (one place): a throw-away ``redis-server`` and a ``prometheus``, each
-on a free loopback port."""
+"""Real services the tests run against (one place): a throw-away ``redis-server``, a ``prometheus`` and an
+``sglang-router``, each on a free loopback port."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -181,3 +182,37 @@ class PrometheusServer:
     def log_tail(self) -> str:
         """The end of Prometheus's own log (for failure messages)."""
         return (self.directory / "prometheus.log").read_text()[-2000:]
+
+
+class SGLangRouter:
+    """The real ``sglang-router`` (PyPI ``sglang-router``, the dev extra; its Rust router, not the debugging
+    MiniLB) in a child process on a free loopback port, round-robin over ``worker_urls``, its Prometheus
+    exporter on another free port. Use as a context manager; skips the test when the package is missing."""
+
+    def __init__(self, directory: Path, worker_urls: list[str]):
+        try:
+            import sglang_router  # noqa: F401
+        except ImportError:
+            pytest.skip("sglang-router is not installed (it is in the dev extra: pip install sglang-router==0.3.2)")
+        self.directory, self.worker_urls = Path(directory), worker_urls
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> SGLangRouter:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.log = (self.directory / "router.log").open("wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *self.worker_urls,
+             "--host", "127.0.0.1", "--port", str(self.port), "--policy", "round_robin",
+             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--log-level", "info"],
+            stdout=self.log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        stop_process(self.process, timeout=15)
+        self.log.close()
+
+    def log_tail(self) -> str:
+        return (self.directory / "router.log").read_text(errors="replace")[-3000:]

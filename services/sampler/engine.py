@@ -2,7 +2,7 @@
 
 An engine only swaps weights between :meth:`Engine.generate` calls (``pause`` → ``update_weights`` →
 ``resume``), so all tokens of a batch come from one ``policy_version`` (DESIGN.md §5). An external
-engine (SGLang) is driven through the same four methods.
+engine (SGLang, :mod:`nibble.sampler.sglang`) is driven through the same four methods.
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ class Engine(ABC):
     """What the sampler service needs from a generation engine."""
 
     policy_version: int
+    loads_from_disk: bool = False
+    """True for an engine that reads each version from weight-sync's export directory itself: the sampler then
+    fetches no tensors and passes ``state=None`` to :meth:`update_weights`."""
 
     @abstractmethod
     def generate(
@@ -58,8 +61,9 @@ class Engine(ABC):
         """Finish the batch in flight, then refuse new ones until :meth:`resume`."""
 
     @abstractmethod
-    def update_weights(self, version: int, state: dict[str, torch.Tensor]) -> None:
-        """Install weight-sync's form of ``version`` (only while paused; atomically: all or nothing).
+    def update_weights(self, version: int, state: dict[str, torch.Tensor] | None) -> None:
+        """Install weight-sync's form of ``version`` (only while paused; atomically: all or nothing); ``state``
+        is ``None`` for an engine that :attr:`loads_from_disk`.
 
         Raises:
             RuntimeError: when not paused. ValueError: state that does not fit the model (nothing applied).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import signal
 import sys
 from pathlib import Path
@@ -24,26 +25,27 @@ def parse(argv: list[str] | None):
 
 
 def build(config, name: str, out: Path | None):
-    import torch
+    """The sampler service: its engine, its /generate endpoint (``sampler.http_port``), metrics, Redis, weights.
 
-    from nibble import devices
+    Raises:
+        ValueError: a device, checkpoint, metrics address or SGLang server that cannot be used, named.
+    """
     from nibble.metrics import Metrics
-    from nibble.model import from_pretrained, load_config
-    from nibble.recipe import PrecisionPlan
-    from nibble.sampler.engine import BuiltinEngine
     from nibble.sampler.service import Sampler
     from nibble.tasks import get_task
     from nibble.transport import AdmissionCounter, TrajectoryWriter, connect, subscriber_from_config
     from nibble.transport.presence import SamplerRegistry
 
     s = config.sampler
-    torch.set_num_threads(s.threads)
-    device = devices.resolve("sampler.device", s.device, s.gpu_memory_fraction)
-    checkpoint = config.model.checkpoint
-    plan = PrecisionPlan.from_config(config.plan, load_config(checkpoint).num_hidden_layers, config.plan_device)
-    model = from_pretrained(checkpoint, plan=plan).to(device).pack()
     task = get_task(config.task.name, **config.task.options)
-    engine = BuiltinEngine(model, pad_id=task.tokenizer.pad_id, batch_rows=s.groups_per_batch * s.group_size)
+    engine = sglang_engine(config, name) if s.engine == "sglang" else builtin_engine(config, task)
+    if s.http_port is not None:
+        from nibble.sampler.sglang import GenerateEndpoint
+
+        endpoint = GenerateEndpoint(
+            engine, s.metrics_host, s.http_port, model_path=str(config.model.checkpoint), decode=task.tokenizer.decode
+        )
+        logging.getLogger("nibble").info("SGLang /generate on http://%s:%d", s.metrics_host, endpoint.start().port)
     metrics = Metrics("sampler")
     keys = ("sampler.metrics_host", "sampler.metrics_port")
     port = metrics.serve(config.sampler.metrics_port, config.sampler.metrics_host, keys=keys).server_port
@@ -62,6 +64,65 @@ def build(config, name: str, out: Path | None):
         stats_file=stats_file(out, name),
         registry=SamplerRegistry(client, config.redis),
     )
+
+
+def builtin_engine(config, task):
+    """Nibble's own engine on ``sampler.device``, with the warm start packed under the run's plan."""
+    import torch
+
+    from nibble import devices
+    from nibble.model import from_pretrained, load_config
+    from nibble.recipe import PrecisionPlan
+    from nibble.sampler.engine import BuiltinEngine
+
+    s = config.sampler
+    torch.set_num_threads(s.threads)
+    device = devices.resolve("sampler.device", s.device, s.gpu_memory_fraction)
+    checkpoint = config.model.checkpoint
+    plan = PrecisionPlan.from_config(config.plan, load_config(checkpoint).num_hidden_layers, config.plan_device)
+    model = from_pretrained(checkpoint, plan=plan).to(device).pack()
+    return BuiltinEngine(model, pad_id=task.tokenizer.pad_id, batch_rows=s.groups_per_batch * s.group_size)
+
+
+def sglang_engine(config, name: str):
+    """The SGLang server of sampler ``name``, checked (:meth:`SGLangEngine.connect`).
+
+    Raises:
+        ValueError: no server for ``name``, a server that never became healthy, or one that disagrees.
+    """
+    from nibble.sampler.sglang import SGLangEngine, SGLangUnavailable
+
+    s, w = config.sampler, config.weightsync
+    url = sglang_url(s.sglang_urls, name)
+    engine = SGLangEngine(
+        url,
+        export_dir=w.export_dir or w.store_dir / "export",
+        export_format=w.export_format,
+        timeout_seconds=s.sglang_timeout_seconds,
+        connect_timeout_seconds=s.sglang_connect_timeout_seconds,
+        retry_seconds=s.sglang_retry_seconds,
+    )
+    try:
+        return engine.connect(s.sglang_startup_seconds)
+    except SGLangUnavailable as exc:
+        raise ValueError(
+            f"sampler.sglang_urls: {url} did not pass /health_generate within sampler.sglang_startup_seconds="
+            f"{s.sglang_startup_seconds} ({exc})"
+        ) from None
+
+
+def sglang_url(urls: list[str], name: str) -> str:
+    """``sampler-<i>`` drives ``urls[i]``; a sampler of another name needs exactly one URL.
+
+    Raises:
+        ValueError: naming ``sampler.sglang_urls`` and ``name``.
+    """
+    match = re.fullmatch(r".*-(\d+)", name)
+    if match and int(match[1]) < len(urls):
+        return urls[int(match[1])]
+    if not match and len(urls) == 1:
+        return urls[0]
+    raise ValueError(f"sampler.sglang_urls ({len(urls)} servers) has no server for sampler {name!r}")
 
 
 def stats_file(out: Path | None, name: str) -> Path | None:

@@ -125,8 +125,8 @@ class Sampler:
         if pending is None or pending[0] <= self.engine.policy_version:
             return
         version, published_at = pending
-        try:
-            manifest, state = self.subscriber.fetch(version)
+        try:  # an engine that loads from disk reads weight-sync's export of the version itself
+            manifest, state = (None, None) if self.engine.loads_from_disk else self.subscriber.fetch(version)
         except (WeightRejected, grpc.RpcError, StreamStalled) as exc:
             if isinstance(exc, WeightRejected) or exc_code(exc) == grpc.StatusCode.NOT_FOUND:
                 log.warning("version %d rejected: %s", version, exc)  # corrupt, or rotated out: a newer comes
@@ -144,7 +144,8 @@ class Sampler:
         finally:
             self.engine.resume()
         self.metrics.policy_version.labels(role="sampler").set(self.engine.policy_version)
-        self.metrics.weight_bytes.labels(role="sampler").inc(manifest.total_bytes)
+        if manifest is not None:
+            self.metrics.weight_bytes.labels(role="sampler").inc(manifest.total_bytes)
         if self.engine.policy_version == version:
             self.metrics.weight_sync_seconds.observe(max(0.0, time.time() - published_at))
 
