@@ -58,6 +58,7 @@ def test_generate_answers_in_sglangs_shape_with_the_engines_samples_and_version(
         ({"input_ids": [3], "sampling_params": {"top_k": 5}}, "sampling_params.top_k: Extra inputs are not permitted"),
         ({"text": "hi"}, "input_ids: Field required"),
         ({"input_ids": [3], "stream": True}, "stream: Input should be False"),
+        ({"input_ids": [3], "return_hidden_states": True}, "return_hidden_states: Input should be False"),
         ({"input_ids": [[3], [4]], "sampling_params": [PARAMS]}, "1 entries for 2 prompts"),
     ],
 )

@@ -187,4 +187,4 @@ def _handler(endpoint: GenerateEndpoint) -> type[BaseHTTPRequestHandler]:
 
 def _describe(exc: ValidationError) -> str:
     """One line per problem, naming the field (``sampling_params.0.top_k: Extra inputs are not permitted``)."""
-    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors())
+    return "; ".join(f"{api.field_path(e['loc'])}: {e['msg']}" for e in exc.errors())

@@ -17,9 +17,9 @@ read.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 
 class _Request(BaseModel):
@@ -41,15 +41,54 @@ class SamplingParams(_Request):
     sampling_seed: int | None = Field(None, description="seeds this request's sampling (reproducible batches)")
 
 
+def _batch_or(single: str, batch: str = "batch"):
+    """Which form a union field has, decided by its shape, so a bad value gets the errors of that form only
+    (a plain union reports why it fits neither)."""
+
+    def tag(value) -> str:
+        is_list = isinstance(value, list)
+        if single == "prompt":  # input_ids: a batch is a list of lists
+            is_list = is_list and bool(value) and isinstance(value[0], list)
+        return batch if is_list else single
+
+    return tag
+
+
+UNION_TAGS = frozenset({"prompt", "batch", "shared", "per_prompt"})
+"""Discriminator tags pydantic puts in an error's location; :func:`field_path` leaves them out."""
+
+
+def field_path(loc: tuple) -> str:
+    """An error location as the request's own path (``sampling_params.1.top_k``)."""
+    return ".".join(str(part) for part in loc if part not in UNION_TAGS) or "body"
+
+
 class GenerateRequest(_Request):
     """``POST /generate`` with token ids: one prompt (``input_ids: [int]``) or a batch (``[[int]]``), with one
     ``sampling_params`` for all or one per prompt. Only non-streaming requests (``stream: false``)."""
 
-    input_ids: list[int] | list[list[int]]
-    sampling_params: SamplingParams | list[SamplingParams] = SamplingParams()
+    input_ids: Annotated[
+        Annotated[list[int], Tag("prompt")] | Annotated[list[list[int]], Tag("batch")],
+        Discriminator(_batch_or("prompt")),
+    ]
+    sampling_params: Annotated[
+        Annotated[SamplingParams, Tag("shared")] | Annotated[list[SamplingParams], Tag("per_prompt")],
+        Discriminator(_batch_or("shared", batch="per_prompt")),
+    ] = SamplingParams()
     return_logprob: bool = False
     stream: Literal[False] = False
     rid: str | list[str] | None = None
+    # sglang-router 0.3.2 re-serialises every request with these GenerateReqInput fields at SGLang's
+    # defaults; they are accepted at those values only (a Nibble sampler computes none of what they ask for),
+    # and the bookkeeping ones (model, log_metrics, no_logs) with any value
+    model: str | None = None
+    log_metrics: bool = True
+    no_logs: bool = False
+    return_text_in_logprobs: Literal[False] = False
+    return_hidden_states: Literal[False] = False
+    background: Literal[False] = False
+    return_bytes: Literal[False] = False
+    return_entropy: Literal[False] = False
 
     @property
     def is_batch(self) -> bool:
