@@ -8,6 +8,7 @@ from nibble.interop.checkpoint import (
     export_checkpoint,
     from_model_dir,
     import_checkpoint,
+    version_dir,
     write_dequantized,
 )
 from nibble.interop.layout import (
@@ -32,5 +33,6 @@ __all__ = [
     "fused_scale_conflicts",
     "import_checkpoint",
     "split_state",
+    "version_dir",
     "write_dequantized",
 ]

@@ -54,6 +54,13 @@ class QuantizedCheckpoint:
     plan: PrecisionPlan | None = None
 
 
+def version_dir(root: Path, version: int) -> Path:
+    """Where weight-sync's ``export_format`` writes ``version`` under ``root`` (``export_dir``) and where an
+    engine that loads versions from disk (``sampler.engine: sglang``) finds it: ``v<version, 20 digits>``,
+    so names sort as versions do."""
+    return Path(root) / f"v{version:020d}"
+
+
 def from_model_dir(path: Path, plan: PrecisionPlan) -> QuantizedCheckpoint:
     """Quantise a Nibble (Hugging Face format) model directory under ``plan`` exactly as weight-sync
     quantises a publication: the trainer's bf16 casts, then :func:`~nibble.recipe.export.quantize_state`.

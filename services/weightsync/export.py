@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from nibble.config import WeightSyncConfig
-from nibble.interop import QuantizedCheckpoint, export_checkpoint
+from nibble.interop import QuantizedCheckpoint, export_checkpoint, version_dir
 from nibble.recipe.plan import PrecisionPlan
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ class VersionExporter:
         """Write ``version`` (weight-sync's quantised form) and drop exports beyond the newest ``keep``."""
         checkpoint = QuantizedCheckpoint(quantized, self.model_config, plan)
         out = export_checkpoint(
-            checkpoint, self.root / f"v{version:020d}", self.layout, tokenizer_from=self.model_dir, overwrite=True
+            checkpoint, version_dir(self.root, version), self.layout, tokenizer_from=self.model_dir, overwrite=True
         )
         for old in sorted(p for p in self.root.iterdir() if _VERSION_DIR.match(p.name))[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)

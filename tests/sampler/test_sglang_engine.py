@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from nibble.config import RunConfig
+from nibble.config import RunConfig, WeightSyncConfig
+from nibble.interop import version_dir
 from nibble.sampler.main import sglang_url
 from nibble.sampler.sglang import (
     SGLangEngine,
@@ -16,7 +17,6 @@ from nibble.sampler.sglang import (
     SGLangTimeout,
     SGLangUnavailable,
     VersionMismatch,
-    version_dir,
 )
 from tests.sampler.fake_sglang import FakeSGLang
 
@@ -257,3 +257,33 @@ def test_the_sampler_counts_a_refused_batch_as_an_engine_failure_and_writes_noth
     server.report_version = "4"
     assert sampler.generate([[5, 6, 7]]) is None
     assert sampler.stats.engine_failures == 1
+
+
+@pytest.mark.parametrize("layout", ["compressed-tensors", "modelopt"])
+def test_the_server_is_pointed_at_the_directory_weightsyncs_exporter_wrote(server, tmp_path, layout):
+    from nibble.recipe.export import published_state, quantize_state
+    from nibble.weightsync.export import VersionExporter
+    from tests.sampler.test_engine import policy
+
+    model = policy("cpu")
+    exporter = VersionExporter(WeightSyncConfig(store_dir=tmp_path / "store", export_format=layout))
+    path = exporter.write(1, quantize_state(published_state(model), model.plan), model.plan)
+    server.quantization = "modelopt_fp4" if layout == "modelopt" else layout
+    engine = engine_for(server, exporter.root, export_format=layout).connect(startup_seconds=5)
+    engine.pause()
+    engine.update_weights(1, None)
+    engine.resume()
+    assert server.calls("/update_weights_from_disk")[0]["model_path"] == str(path)
+    assert engine.policy_version == 1
+
+
+def test_the_sampler_service_connects_to_its_server_or_exits_naming_the_setting(server, tmp_path):
+    from nibble.sampler.main import sglang_engine
+
+    data = sglang_run()
+    data["sampler"]["sglang_urls"] = [server.url, "http://127.0.0.1:1"]
+    data["weightsync"]["export_dir"] = str(tmp_path)
+    config = RunConfig.model_validate({**data, "sampler": {**data["sampler"], "sglang_startup_seconds": 0.3}})
+    assert sglang_engine(config, "sampler-0").policy_version == 0
+    with pytest.raises(ValueError, match=r"127\.0\.0\.1:1 did not pass /health_generate.*sglang_startup_seconds"):
+        sglang_engine(config, "sampler-1")

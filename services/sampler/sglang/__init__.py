@@ -8,7 +8,6 @@ from nibble.sampler.sglang.engine import (
     SGLangTimeout,
     SGLangUnavailable,
     VersionMismatch,
-    version_dir,
 )
 
 __all__ = [
@@ -18,5 +17,4 @@ __all__ = [
     "SGLangTimeout",
     "SGLangUnavailable",
     "VersionMismatch",
-    "version_dir",
 ]

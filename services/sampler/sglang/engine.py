@@ -18,6 +18,7 @@ from pathlib import Path
 import requests
 from pydantic import ValidationError
 
+from nibble.interop import version_dir
 from nibble.sampler.engine import Engine, Sample
 from nibble.sampler.sglang import protocol as api
 
@@ -48,11 +49,6 @@ class SGLangTimeout(SGLangError):
 
 class VersionMismatch(SGLangError):
     """A response reports weights other than the engine's ``policy_version``: the batch is refused."""
-
-
-def version_dir(export_dir: Path, version: int) -> Path:
-    """Where weight-sync exports ``version`` (``nibble.weightsync.export``'s naming)."""
-    return Path(export_dir) / f"v{version:020d}"
 
 
 class SGLangEngine(Engine):
