@@ -30,6 +30,11 @@ class Sample:
     finish_reason: str
 
 
+class EngineUnavailable(RuntimeError):
+    """An external engine's server could not be reached (or did not answer in time): nothing is known to have
+    changed on it, and the call may be tried again later."""
+
+
 class Engine(ABC):
     """What the sampler service needs from a generation engine."""
 

@@ -16,7 +16,7 @@ import grpc
 from nibble.config import RunConfig
 from nibble.evaluation import decode_response
 from nibble.metrics import Metrics
-from nibble.sampler.engine import Engine
+from nibble.sampler.engine import Engine, EngineUnavailable
 from nibble.sampler.groups import build_group
 from nibble.tasks import Task
 from nibble.transport import (
@@ -114,9 +114,10 @@ class Sampler:
         """Apply the newest announced version, if any (between batches only).
 
         A version that fails verification or does not fit the model is dropped (``bad_manifest``); a fetch
-        that fails in transport (weight-sync away, a cut connection, a stalled stream) leaves the sampler
-        serving its current version and is retried with backoff (``fetch_failed``) until it succeeds or a
-        newer version is announced.
+        that fails in transport (weight-sync away, a cut connection, a stalled stream), or an engine whose
+        server cannot be reached during the swap (:class:`EngineUnavailable`), leaves the sampler serving its
+        current version and is retried with backoff (``fetch_failed``) until it succeeds or a newer version
+        is announced.
         """
         if time.monotonic() < self._fetch_retry_at:
             return
@@ -134,7 +135,24 @@ class Sampler:
                 return
             self._retry_fetch_later(pending, exc)
             return
+        try:
+            self._swap(version, state)
+        except EngineUnavailable as exc:  # an engine's server away: like a fetch cut off, retried later
+            self._retry_fetch_later(pending, exc)
+            return
         self._fetch_backoff = FETCH_RETRY_FIRST_SECONDS
+        self.metrics.policy_version.labels(role="sampler").set(self.engine.policy_version)
+        if manifest is not None:
+            self.metrics.weight_bytes.labels(role="sampler").inc(manifest.total_bytes)
+        if self.engine.policy_version == version:
+            self.metrics.weight_sync_seconds.observe(max(0.0, time.time() - published_at))
+
+    def _swap(self, version: int, state) -> None:
+        """pause → update_weights → resume; a version that does not fit is dropped (``bad_manifest``).
+
+        Raises:
+            EngineUnavailable: the engine's server could not be reached (its version is unchanged).
+        """
         self.engine.pause()
         try:
             self.engine.update_weights(version, state)
@@ -143,11 +161,6 @@ class Sampler:
             self.metrics.rejected.labels(reason="bad_manifest").inc()
         finally:
             self.engine.resume()
-        self.metrics.policy_version.labels(role="sampler").set(self.engine.policy_version)
-        if manifest is not None:
-            self.metrics.weight_bytes.labels(role="sampler").inc(manifest.total_bytes)
-        if self.engine.policy_version == version:
-            self.metrics.weight_sync_seconds.observe(max(0.0, time.time() - published_at))
 
     def _retry_fetch_later(self, pending: tuple[int, float], exc: Exception) -> None:
         """Keep ``pending`` (unless a newer version was announced meanwhile) for a retry after backoff."""

@@ -287,3 +287,18 @@ def test_the_sampler_service_connects_to_its_server_or_exits_naming_the_setting(
     assert sglang_engine(config, "sampler-0").policy_version == 0
     with pytest.raises(ValueError, match=r"127\.0\.0\.1:1 did not pass /health_generate.*sglang_startup_seconds"):
         sglang_engine(config, "sampler-1")
+
+
+def test_a_server_away_during_the_swap_keeps_the_version_and_the_swap_is_retried(server, tmp_path):
+    engine = engine_for(server, tmp_path, retry_seconds=0.2).connect(startup_seconds=5)
+    sampler = sampler_on(engine)
+    exported(tmp_path, 1)
+    sampler._pending_version = (1, time.time())
+    server.unavailable = 10_000
+    sampler.maybe_update_weights()  # no exception: counted, and kept for a retry after backoff
+    assert engine.policy_version == 0
+    assert sampler.metrics.rejected.labels(reason="fetch_failed")._value.get() == 1
+    server.unavailable = 0
+    sampler._fetch_retry_at = 0.0
+    sampler.maybe_update_weights()
+    assert engine.policy_version == 1 and server.weight_version == "1"

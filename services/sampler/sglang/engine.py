@@ -19,7 +19,7 @@ import requests
 from pydantic import ValidationError
 
 from nibble.interop import version_dir
-from nibble.sampler.engine import Engine, Sample
+from nibble.sampler.engine import Engine, EngineUnavailable, Sample
 from nibble.sampler.sglang import protocol as api
 
 log = logging.getLogger(__name__)
@@ -39,11 +39,11 @@ class SGLangError(RuntimeError):
     """The server answered something Nibble cannot use (an HTTP error, an aborted or malformed response)."""
 
 
-class SGLangUnavailable(SGLangError):
+class SGLangUnavailable(SGLangError, EngineUnavailable):
     """The server kept answering 503 or refusing connections for ``sampler.sglang_retry_seconds``."""
 
 
-class SGLangTimeout(SGLangError):
+class SGLangTimeout(SGLangError, EngineUnavailable):
     """The server accepted a request but did not answer within ``sampler.sglang_timeout_seconds``."""
 
 
