@@ -152,6 +152,12 @@ class WeightSyncConfig(Section):
         "carries; unset: config.json holds only quantization_config",
     )
 
+    @property
+    def export_root(self) -> Path:
+        """Where version exports go (weight-sync writes them, an SGLang sampler's server reads them):
+        ``export_dir``, or ``<store_dir>/export``."""
+        return self.export_dir or self.store_dir / "export"
+
     @model_validator(mode="after")
     def _ports_differ(self) -> WeightSyncConfig:
         if self.export_dir is not None and self.export_dir.resolve() == self.store_dir.resolve():

@@ -90,13 +90,13 @@ def sglang_engine(config, name: str):
     Raises:
         ValueError: no server for ``name``, a server that never became healthy, or one that disagrees.
     """
-    from nibble.sampler.sglang import SGLangEngine, SGLangUnavailable
+    from nibble.sampler.sglang import SGLangEngine, SGLangError, SGLangUnavailable
 
     s, w = config.sampler, config.weightsync
     url = sglang_url(s.sglang_urls, name)
     engine = SGLangEngine(
         url,
-        export_dir=w.export_dir or w.store_dir / "export",
+        export_dir=w.export_root,
         export_format=w.export_format,
         timeout_seconds=s.sglang_timeout_seconds,
         connect_timeout_seconds=s.sglang_connect_timeout_seconds,
@@ -109,6 +109,8 @@ def sglang_engine(config, name: str):
             f"sampler.sglang_urls: {url} did not pass /health_generate within sampler.sglang_startup_seconds="
             f"{s.sglang_startup_seconds} ({exc})"
         ) from None
+    except SGLangError as exc:  # an HTTP error or an unreadable answer while checking it
+        raise ValueError(f"sampler.sglang_urls: {url} cannot be used: {exc}") from None
 
 
 def sglang_url(urls: list[str], name: str) -> str:

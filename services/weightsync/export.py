@@ -35,7 +35,7 @@ class VersionExporter:
 
     def __init__(self, config: WeightSyncConfig):
         self.layout = config.export_format
-        self.root = config.export_dir or config.store_dir / "export"
+        self.root = config.export_root
         self.keep = config.keep_versions
         self.model_dir = config.export_model_dir
         self.model_config = _model_config(self.model_dir) if self.model_dir is not None else None
