@@ -182,7 +182,9 @@ class ModelConfig(BaseModel):
             else 0,
             "num_experts_per_tok": hf.get("num_experts_per_tok") if model_type in MOE_ARCHITECTURES else 0,
             "moe_intermediate_size": hf.get("moe_intermediate_size") if model_type in MOE_ARCHITECTURES else 0,
-            "attention_bias": bool(hf["attention_bias"]) and model_type not in ("qwen2", "qwen2_moe"),
+            "attention_bias": False if model_type in ("qwen2", "qwen2_moe") else hf["attention_bias"],
+            # transformers' default for configs written before grouped-query attention (Llama 2 era)
+            "num_key_value_heads": hf.get("num_key_value_heads") or hf.get("num_attention_heads"),
             "mlp_only_layers": _int_tuple("mlp_only_layers", hf.get("mlp_only_layers") or ()),
         }
         for key in cls.model_fields:
@@ -194,7 +196,8 @@ class ModelConfig(BaseModel):
         missing = [k for k in required if values.get(k) is None]
         if missing:
             raise ValueError(f"missing {', '.join(missing)}")
-        return cls(**values)
+        # strict: a config.json saying "576" or "false" is refused, as transformers refuses it, not coerced
+        return cls.model_validate(values, strict=True)
 
     def to_hf(self) -> dict[str, Any]:
         """An HF ``config.json`` dict that transformers' class for the architecture loads."""
@@ -271,6 +274,8 @@ def _rope(hf: dict[str, Any]) -> tuple[float, YarnScaling | None]:
     params = {**scaling, **(params or {})}
     rope_type = params.pop("rope_type", params.pop("type", "default"))
     theta = params.pop("rope_theta", hf.get("rope_theta", 10000.0))
+    if hf.get("rope_theta") is not None and hf["rope_theta"] != theta:
+        raise ValueError(f"rope_theta={hf['rope_theta']!r} disagrees with {key}.rope_theta={theta!r}")
     if params.get("partial_rotary_factor", 1.0) != 1.0:
         raise ValueError(f"{key}.partial_rotary_factor={params['partial_rotary_factor']!r} is not supported (1.0)")
     params.pop("partial_rotary_factor", None)

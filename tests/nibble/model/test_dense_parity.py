@@ -1,6 +1,7 @@
 """Dense architectures (Llama, Qwen2, Qwen3) agree with Hugging Face transformers' logits, tied or not."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -146,3 +147,23 @@ def test_smollm2s_config_as_transformers_reads_it_from_the_gguf_is_accepted_whol
     config = ModelConfig.from_hf(hf)
     assert (config.architecture, config.num_hidden_layers, config.hidden_size) == ("llama", 30, 576)
     assert config.tie_word_embeddings and config.num_key_value_heads == 3 and config.rope_theta == 100000.0
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"hidden_size": "576"}, "hidden_size"),  # transformers refuses strings too; coercing would hide a bad file
+        ({"attention_bias": "false"}, "attention_bias"),  # bool("false") is True: never coerced
+        ({"rope_theta": 500000.0}, "rope_theta=500000.0 disagrees with rope_parameters.rope_theta=100000.0"),
+    ],
+)
+def test_values_of_the_wrong_type_or_in_conflict_are_refused(change, named):
+    hf = json.loads((Path(__file__).with_name("smollm2_gguf_config.json")).read_text())
+    with pytest.raises(ValueError, match=re.escape(named)):
+        ModelConfig.from_hf({**hf, **change})
+
+
+def test_a_config_without_num_key_value_heads_has_one_per_attention_head_as_in_transformers():
+    hf = json.loads((Path(__file__).with_name("smollm2_gguf_config.json")).read_text())
+    del hf["num_key_value_heads"]
+    assert ModelConfig.from_hf(hf).num_key_value_heads == hf["num_attention_heads"] == 9
