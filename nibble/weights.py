@@ -32,13 +32,9 @@ def read_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
     Raises:
         ValueError: naming the file, when it is not a readable safetensors file.
     """
-    for file in safetensors_files(path):
-        try:
-            with safe_open(str(file), framework="pt") as handle:
-                for name in handle.keys():  # noqa: SIM118 (safe_open handles are not iterable)
-                    yield name, handle.get_tensor(name)
-        except (SafetensorError, OSError) as exc:
-            raise ValueError(f"{file}: not a readable safetensors file ({exc})") from exc
+    for handle in _handles(path):
+        for name in handle.keys():  # noqa: SIM118 (safe_open handles are not iterable)
+            yield name, handle.get_tensor(name)
 
 
 def safetensors_shapes(path: Path) -> Iterator[tuple[str, list[int], str]]:
@@ -48,11 +44,18 @@ def safetensors_shapes(path: Path) -> Iterator[tuple[str, list[int], str]]:
     Raises:
         ValueError: naming the file, when it is not a readable safetensors file.
     """
+    for handle in _handles(path):
+        for name in handle.keys():  # noqa: SIM118 (safe_open handles are not iterable)
+            piece = handle.get_slice(name)
+            yield name, list(piece.get_shape()), piece.get_dtype()
+
+
+def _handles(path: Path) -> Iterator:
+    """Each safetensors file under ``path`` opened in turn; a read error while the caller reads one (it
+    surfaces at this ``yield``) is raised as a ValueError naming the file."""
     for file in safetensors_files(path):
         try:
             with safe_open(str(file), framework="pt") as handle:
-                for name in handle.keys():  # noqa: SIM118 (safe_open handles are not iterable)
-                    piece = handle.get_slice(name)
-                    yield name, list(piece.get_shape()), piece.get_dtype()
+                yield handle
         except (SafetensorError, OSError) as exc:
             raise ValueError(f"{file}: not a readable safetensors file ({exc})") from exc

@@ -13,11 +13,19 @@ import numpy as np
 import pytest
 import torch
 
+from nibble.model import ModelConfig
 from nibble.weights import read_safetensors
 from nibble.wire import pb
 
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 E2M1_TIES = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+
+
+# SmolLM2's layout at test size: a dense Llama with grouped-query attention and tied embeddings.
+TINY_LLAMA = ModelConfig(
+    architecture="llama", vocab_size=48, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64, tie_word_embeddings=True,
+)  # fmt: skip
 
 
 def gaussian(shape, seed: int = 0, dtype=torch.float32) -> torch.Tensor:

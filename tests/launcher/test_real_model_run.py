@@ -15,9 +15,10 @@ import pytest
 import torch
 import yaml
 
-from nibble.model import ModelConfig, MoETransformer, from_pretrained
+from nibble.model import MoETransformer, from_pretrained
 from nibble.recipe import PrecisionPlan
 from nibble.trainer.checkpoint import latest
+from tests.helpers import TINY_LLAMA
 
 ROOT = Path(__file__).resolve().parents[2]
 NIBBLE = str(Path(sys.executable).with_name("nibble"))
@@ -28,18 +29,8 @@ STEPS = 3
 def tiny_smollm2(path: Path) -> Path:
     """A 2-layer random Llama with SmolLM2's vocabulary, tied embeddings and tokenizer files, as
     ``nibble import-model`` lays a checkpoint out."""
-    config = ModelConfig(
-        architecture="llama",
-        vocab_size=49152,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=512,
-        rope_theta=100000.0,
-        tie_word_embeddings=True,
+    config = TINY_LLAMA.model_copy(
+        update=dict(vocab_size=49152, num_hidden_layers=2, max_position_embeddings=512, rope_theta=100000.0)
     )
     torch.manual_seed(0)
     MoETransformer(config, PrecisionPlan(num_layers=2)).save_pretrained(path, dtype=torch.bfloat16)

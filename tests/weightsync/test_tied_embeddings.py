@@ -5,22 +5,12 @@ import copy
 
 import torch
 
-from nibble.model import ModelConfig, MoETransformer
+from nibble.model import MoETransformer
 from nibble.recipe import PrecisionPlan
 from nibble.recipe.export import load_sampler_state, published_state, quantize_state
+from tests.helpers import TINY_LLAMA
 
-CONFIG = ModelConfig(
-    architecture="llama",
-    vocab_size=48,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=64,
-    tie_word_embeddings=True,
-)
+CONFIG = TINY_LLAMA
 EMBED = "model.embed_tokens.weight"
 
 

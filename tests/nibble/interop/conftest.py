@@ -10,19 +10,9 @@ from nibble.interop import QuantizedCheckpoint
 from nibble.model import ModelConfig, MoETransformer, tiny
 from nibble.recipe import PrecisionPlan
 from nibble.recipe.export import published_state, quantize_state
+from tests.helpers import TINY_LLAMA
 
-DENSE = ModelConfig(
-    architecture="llama",
-    vocab_size=48,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=64,
-    tie_word_embeddings=True,
-)
+DENSE = TINY_LLAMA
 
 
 def quantized(config: ModelConfig, plan: PrecisionPlan, seed: int = 0) -> QuantizedCheckpoint:
