@@ -40,6 +40,9 @@ class PlanConfig(Section):
     compute_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="auto: bfloat16 on CUDA, float32 on CPU (both sides must resolve the same way)"
     )
+    gate_up_global_scale: Literal["shared", "separate"] = Field(
+        "shared", description="NVFP4 dense gate_proj/up_proj: one global scale for the pair, as engines fuse them"
+    )
 
 
 class TaskConfig(Section):

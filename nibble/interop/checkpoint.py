@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from pydantic import ValidationError
 from safetensors.torch import save_file
 
 from nibble.interop.base import Layout
@@ -103,7 +104,8 @@ def export_checkpoint(
     if conflicts:
         log.warning(
             "%d groups of projections that engines fuse have different global scales (e.g. %s); vLLM and SGLang "
-            "would decode them with one scale, wrongly (README, 'NVFP4 checkpoints for SGLang and vLLM')",
+            "would decode them with one scale, wrongly: quantise with the plan's gate_up_global_scale: shared "
+            "(README, 'NVFP4 checkpoints for SGLang and vLLM')",
             len(conflicts),
             conflicts[0],
         )
@@ -148,8 +150,28 @@ def import_checkpoint(path: Path) -> QuantizedCheckpoint:
     dense = {name: t for name, t in tensors.items() if name not in taken and name not in dropped}
     _check_orphans(layout, dense, files)
     plan_file = path / PLAN_FILE
-    plan = PrecisionPlan.model_validate(_read_json(plan_file)) if plan_file.is_file() else None
+    plan = _read_plan(plan_file, modules) if plan_file.is_file() else None
     return QuantizedCheckpoint(fuse_state(modules, dense), config, plan)
+
+
+def _read_plan(plan_file: Path, modules: dict[str, ModuleWeight]) -> PrecisionPlan:
+    """The export's plan, checked against its tensors: a plan whose gate and up share one global scale
+    must come with tensors that do. Plans written before ``gate_up_global_scale`` existed quantised
+    every projection on its own scale, so a missing field reads as ``separate``."""
+    values = _read_json(plan_file)
+    if isinstance(values, dict):
+        values.setdefault("gate_up_global_scale", "separate")
+    try:
+        plan = PrecisionPlan.model_validate(values)
+    except ValidationError as error:
+        raise ValueError(f"{plan_file}: not a precision plan: {error}") from None
+    conflicts = fused_scale_conflicts(modules)
+    if plan.gate_up_global_scale == "shared" and conflicts:
+        raise ValueError(
+            f"{plan_file}: gate_up_global_scale is 'shared' but {conflicts[0]} "
+            f"(and {len(conflicts) - 1} more) have different global scales"
+        )
+    return plan
 
 
 def dequantized_state(checkpoint: QuantizedCheckpoint, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:

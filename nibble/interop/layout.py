@@ -98,8 +98,8 @@ def fused_scale_conflicts(modules: dict[str, ModuleWeight]) -> list[str]:
     """Groups of sibling modules (:data:`FUSED_BY_ENGINES`) whose global scales differ: an engine that fuses
     them decodes all but the largest-scaled one with another's scale, so their values come out wrong.
 
-    Nibble's expert stacks never conflict (gate and up share one scale); separately quantised dense
-    projections (``plan.quantize: all_linear``) usually do.
+    Nibble's expert stacks never conflict (gate and up share one scale), nor do dense gate and up under
+    the plan's ``gate_up_global_scale: shared`` (the default); under ``separate`` they usually do.
     """
     conflicts = []
     for group in FUSED_BY_ENGINES:

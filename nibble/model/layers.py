@@ -11,6 +11,7 @@ from nibble.model.kv_cache import KVCache
 from nibble.recipe.compute import attention, linear, rms_normalize, softmax
 from nibble.recipe.modules import PlannedExperts, PlannedLinear, bf16_operand
 from nibble.recipe.plan import PrecisionPlan
+from nibble.recipe.quant import quantize_weights_together
 
 
 class RMSNorm(nn.Module):
@@ -74,7 +75,11 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU MLP ``down(silu(gate(x)) * up(x))``: dense layers and the shared expert."""
+    """SwiGLU MLP ``down(silu(gate(x)) * up(x))``: dense layers and the shared expert.
+
+    Under the plan's ``gate_up_global_scale='shared'`` NVFP4 gate and up weights are quantised together
+    with one global scale (:meth:`PrecisionPlan.scale_group`), on the trainer and in the sampler form alike.
+    """
 
     def __init__(self, hidden: int, inter: int, plan: PrecisionPlan, prefix: str):
         super().__init__()
@@ -86,9 +91,24 @@ class MLP(nn.Module):
                 ("down_proj", inter, hidden),
             )
         )
+        self.shared_gate_up_scale = plan.scale_group(f"{prefix}.gate_proj.weight") is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        q_gate = q_up = None
+        if self.shared_gate_up_scale and self.gate_proj.packed is None:
+            q_gate, q_up = quantize_weights_together((self.gate_proj.weight, self.up_proj.weight), self.gate_proj.plan)
+        return self.down_proj(F.silu(self.gate_proj(x, q_gate)) * self.up_proj(x, q_up))
+
+    @torch.no_grad()
+    def pack(self) -> None:
+        """Sampler form of the three projections (:meth:`PlannedLinear.pack`), gate and up quantised
+        together when they share a global scale."""
+        q_gate = q_up = None
+        if self.shared_gate_up_scale:
+            q_gate, q_up = quantize_weights_together((self.gate_proj.weight, self.up_proj.weight), self.gate_proj.plan)
+        self.gate_proj.pack(q_gate)
+        self.up_proj.pack(q_up)
+        self.down_proj.pack()
 
 
 class Router(nn.Module):

@@ -8,7 +8,7 @@ from torch import nn
 
 from nibble.model.config import ModelConfig
 from nibble.model.kv_cache import KVCache, StaticKVCache
-from nibble.model.layers import DecoderLayer, RMSNorm
+from nibble.model.layers import MLP, DecoderLayer, RMSNorm
 from nibble.model.rope import frequencies, rotary
 from nibble.recipe.modules import PlannedExperts, PlannedLinear, bf16_operand
 from nibble.recipe.plan import PrecisionPlan
@@ -140,8 +140,12 @@ class MoETransformer(nn.Module):
 
     def pack(self) -> MoETransformer:
         """Convert to the sampler's form in place (packed quantised weights, bf16 elsewhere, no grads)."""
+        mlps = [m for m in self.modules() if isinstance(m, MLP)]
+        for mlp in mlps:  # an MLP packs its own projections: gate and up may share one global scale
+            mlp.pack()
+        in_mlps = {id(proj) for mlp in mlps for proj in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)}
         for module in self.modules():
-            if isinstance(module, (PlannedLinear, PlannedExperts)):
+            if isinstance(module, (PlannedLinear, PlannedExperts)) and id(module) not in in_mlps:
                 module.pack()
         for param in self.parameters():  # embeddings, norms, router: their bf16 cast is what computes
             param.requires_grad_(False)

@@ -14,7 +14,7 @@ from torch import nn
 from nibble.kernels import NVFP4Tensor
 from nibble.recipe.modules import PlannedExperts, PlannedLinear
 from nibble.recipe.plan import PrecisionPlan
-from nibble.recipe.quant import quantize_weight
+from nibble.recipe.quant import quantize_weight, quantize_weights_together
 
 SEPARATOR = "::"
 _NVFP4_PARTS = ("codes", "block_scales", "global_scale")
@@ -43,11 +43,21 @@ def quantize_state(state: dict[str, torch.Tensor], plan: PrecisionPlan) -> dict[
             continue
         if tensor.dim() not in (2, 3):
             raise ValueError(f"{name}: a quantised weight must be [N, K] or [E, N, K], got {tuple(tensor.shape)}")
-        q = quantize_weight(tensor, fmt, plan)
+        q = _quantize_in_group(name, state, plan) if plan.scale_group(name) else quantize_weight(tensor, fmt, plan)
         parts = _NVFP4_PARTS if isinstance(q, NVFP4Tensor) else _MXFP8_PARTS
         for part in parts:
             out[f"{name}{SEPARATOR}{part}"] = getattr(q, part).contiguous()
     return out
+
+
+def _quantize_in_group(name: str, state: dict[str, torch.Tensor], plan: PrecisionPlan) -> NVFP4Tensor:
+    """``name``'s quantisation with the one global scale of its group (:meth:`PrecisionPlan.scale_group`),
+    as the model computes it (:class:`nibble.model.layers.MLP`)."""
+    group = plan.scale_group(name)
+    missing = [member for member in group if member not in state]
+    if missing:
+        raise ValueError(f"{name}: shares its global scale with {missing}, which the state lacks")
+    return quantize_weights_together([state[member] for member in group], plan)[group.index(name)]
 
 
 def load_sampler_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:

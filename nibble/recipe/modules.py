@@ -49,24 +49,31 @@ class PlannedLinear(nn.Module):
         self.packed: QuantizedWeight | None = None
         nn.init.normal_(self.weight, std=1 / math.sqrt(in_features))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, qweight: QuantizedWeight | None = None) -> torch.Tensor:
+        """``x [..., in]`` -> ``[..., out]``. ``qweight``: this weight's quantisation made by the caller
+        (a group sharing one global scale, :func:`~nibble.recipe.quant.quantize_weights_together`);
+        by default the module quantises its own weight."""
         cd = self.plan.torch_compute_dtype
         bias = None if self.bias is None else bf16_operand(self.bias, self.plan)
         if self.fmt == "bf16":
             return linear(x.to(cd), bf16_operand(self.weight, self.plan), bias)
         weight = None if self.packed is not None else self.weight
-        qweight = self.packed if self.packed is not None else quantize_weight(self.weight, self.fmt, self.plan)
+        if self.packed is not None:
+            qweight = self.packed
+        elif qweight is None:
+            qweight = quantize_weight(self.weight, self.fmt, self.plan)
         y = quantized_matmul(x.reshape(-1, x.shape[-1]).to(cd), weight, qweight, self.fmt, self.plan)
         y = y.reshape(*x.shape[:-1], -1)
         return y if bias is None else y + bias
 
     @torch.no_grad()
-    def pack(self) -> None:
-        """Sampler form: quantised weights kept packed, high-precision ones as bf16; no gradients."""
+    def pack(self, qweight: QuantizedWeight | None = None) -> None:
+        """Sampler form: quantised weights kept packed, high-precision ones as bf16; no gradients.
+        ``qweight`` as in :meth:`forward`."""
         if self.fmt == "bf16":
             self.weight = nn.Parameter(self.weight.to(torch.bfloat16), requires_grad=False)
         else:
-            self.packed = quantize_weight(self.weight, self.fmt, self.plan)
+            self.packed = qweight if qweight is not None else quantize_weight(self.weight, self.fmt, self.plan)
             del self.weight
             self.register_parameter("weight", None)
         if self.bias is not None:

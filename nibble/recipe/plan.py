@@ -21,6 +21,7 @@ _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _ROUTED_EXPERT = re.compile(r"\.mlp\.experts\.")
 _SHARED_EXPERT = re.compile(r"\.mlp\.shared_expert\.")
 _DENSE_MLP = re.compile(r"\.mlp\.(gate_proj|up_proj|down_proj)\.weight$")
+_GATE_OR_UP = re.compile(r"^(.*\.mlp(?:\.shared_expert)?)\.(gate_proj|up_proj)\.weight$")
 
 
 def bf16_tail_layers(num_layers: int, fraction: float) -> int:
@@ -58,6 +59,11 @@ class PrecisionPlan(BaseModel):
     )
     compute_dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="dtype of high-precision compute: bfloat16 on GPU, float32 on CPU"
+    )
+    gate_up_global_scale: Literal["shared", "separate"] = Field(
+        "shared",
+        description="NVFP4 gate_proj and up_proj of one MLP: one global scale for both (shared; vLLM and "
+        "SGLang fuse them into one gate_up_proj with one scale) or one each (separate)",
     )
 
     @model_validator(mode="after")
@@ -112,6 +118,21 @@ class PrecisionPlan(BaseModel):
         if _DENSE_MLP.search(param_name) and self.quantize == "all_linear":
             return self.format
         return "bf16"
+
+    def scale_group(self, param_name: str) -> tuple[str, str] | None:
+        """The weights quantised with one NVFP4 global scale together with ``param_name``: for a dense or
+        shared-expert ``gate_proj``/``up_proj`` weight under ``gate_up_global_scale='shared'``, the pair
+        ``(…gate_proj.weight, …up_proj.weight)``; ``None`` for every other weight (its own scale).
+
+        Engines load such a pair as one fused ``gate_up_proj`` GEMM with one global scale, so a pair
+        quantised with two scales would be decoded wrongly; sharing the scale of the concatenation makes
+        Nibble's bytes the ones the engine computes with. Routed experts are fused stacks already.
+        """
+        match = _GATE_OR_UP.match(param_name)
+        if match is None or self.gate_up_global_scale != "shared" or self.format_of(param_name) != "nvfp4":
+            return None
+        prefix = match.group(1)
+        return f"{prefix}.gate_proj.weight", f"{prefix}.up_proj.weight"
 
     def describe(self, param_names: list[str] | None = None) -> str:
         """A plain-text table: the plan's knobs, then the format of each named parameter."""

@@ -8,6 +8,8 @@ each expert per tensor (the 16-element blocks and the amax are the same).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -37,6 +39,37 @@ def quantize_weight(weight: torch.Tensor, fmt: str, plan: PrecisionPlan) -> Quan
         four_over_six=flat.four_over_six,
         shape=w.shape,
     )
+
+
+def quantize_weights_together(weights: Sequence[torch.Tensor], plan: PrecisionPlan) -> list[NVFP4Tensor]:
+    """NVFP4 weights ``[N_i, K]`` (one ``K``) quantised with ONE global scale: that of their concatenation
+    along the output dim, which is what an engine computes with after fusing them (``gate_up_proj``).
+
+    Blocks never straddle two weights (a block is 16 elements of one row), so slicing the concatenation's
+    codes and block scales gives each weight exactly the codes a fused GEMM decodes. Returns one
+    :class:`NVFP4Tensor` per input, all holding the same scalar ``global_scale``.
+
+    Raises:
+        ValueError: fewer than two weights, a weight that is not 2-D, or differing ``K``, naming the shapes.
+    """
+    shapes = [tuple(w.shape) for w in weights]
+    if len(shapes) < 2 or any(len(s) != 2 for s in shapes) or len({s[1] for s in shapes}) != 1:
+        raise ValueError(f"weights quantised together must be two or more [N, K] with one K, got {shapes}")
+    fused = quantize_weight(torch.cat([w.detach() for w in weights]), "nvfp4", plan)
+    out, start = [], 0
+    for rows, k in shapes:
+        stop = start + rows
+        out.append(
+            NVFP4Tensor(
+                codes=fused.codes[start:stop],
+                block_scales=fused.block_scales[start:stop],
+                global_scale=fused.global_scale,
+                four_over_six=fused.four_over_six,
+                shape=torch.Size((rows, k)),
+            )
+        )
+        start = stop
+    return out
 
 
 def quantize_activation(x: torch.Tensor, fmt: str, plan: PrecisionPlan) -> QuantizedWeight:

@@ -48,7 +48,9 @@ def measure(published: dict[str, torch.Tensor], quantized: dict[str, torch.Tenso
             continue
         parts = {key.split(SEPARATOR, 1)[1]: t for key, t in quantized.items() if key.startswith(name + SEPARATOR)}
         err = ref = 0.0
-        for x, q, amax in _slabs(weight, parts, fmt, plan):
+        group = plan.scale_group(name)
+        outer_amax = max(published[m].abs().amax().float() for m in group) if group else None
+        for x, q, amax in _slabs(weight, parts, fmt, plan, outer_amax):
             d = q.dequantize(torch.float32) - x
             err += float(d.double().pow(2).sum())
             ref += float(x.double().pow(2).sum())
@@ -61,16 +63,21 @@ def measure(published: dict[str, torch.Tensor], quantized: dict[str, torch.Tenso
 
 
 def _slabs(
-    weight: torch.Tensor, parts: dict[str, torch.Tensor], fmt: str, plan: PrecisionPlan
+    weight: torch.Tensor,
+    parts: dict[str, torch.Tensor],
+    fmt: str,
+    plan: PrecisionPlan,
+    outer_amax: torch.Tensor | None = None,
 ) -> Iterator[tuple[torch.Tensor, NVFP4Tensor | MXFP8Tensor, torch.Tensor]]:
     """(float32 slab of the weight, its quantised slab, the amax of its outer scale): one expert of a
-    stack ``[E, N, K]`` (one outer scale each), or a slab of rows of a 2-D weight (one for the tensor)."""
+    stack ``[E, N, K]`` (one outer scale each), or a slab of rows of a 2-D weight (one for the tensor,
+    or ``outer_amax`` when the weight shares its global scale with others)."""
     stacked = weight.dim() == 3
     if stacked:
         bounds = [(e, e + 1) for e in range(weight.shape[0])]
     else:
         bounds = [(r, min(r + ROWS_PER_SLAB, weight.shape[0])) for r in range(0, weight.shape[0], ROWS_PER_SLAB)]
-        amax = weight.abs().amax().to(torch.float32)
+        amax = weight.abs().amax().to(torch.float32) if outer_amax is None else outer_amax
     for start, stop in bounds:
         pick = {key: (t[start] if stacked else t[start:stop]) for key, t in parts.items() if t.dim()}
         x = weight[start].to(torch.float32) if stacked else weight[start:stop].to(torch.float32)

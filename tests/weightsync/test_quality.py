@@ -11,22 +11,34 @@ from tests.helpers import heavy_tailed, rel_mse
 
 EXPERTS = "model.layers.0.mlp.experts.gate_up_proj"
 DENSE = "model.layers.0.mlp.gate_proj.weight"
+UP = "model.layers.0.mlp.up_proj.weight"
 
 
 @pytest.mark.parametrize("name", [EXPERTS, DENSE])
-def test_map_to_4_fraction_and_rel_error_match_the_quantiser(name):
-    plan = PrecisionPlan(num_layers=4, quantize="all_linear")
+@pytest.mark.parametrize("sharing", ["shared", "separate"])
+def test_map_to_4_fraction_and_rel_error_match_the_quantiser(name, sharing):
+    plan = PrecisionPlan(num_layers=4, quantize="all_linear", gate_up_global_scale=sharing)
     shape = (3, 48, 64) if name == EXPERTS else (48, 64)
     weight = heavy_tailed(shape, seed=1, dtype=torch.bfloat16)
     weight[0] = 0  # an all-zero expert / row: its blocks tie and keep map-to-6
-    measured = quality.measure({name: weight}, quantize_state({name: weight}, plan), plan)
+    published = {name: weight}
+    if name == DENSE:  # up holds the larger amax: under 'shared' it sets gate's global scale too
+        published[UP] = heavy_tailed(shape, seed=2, dtype=torch.bfloat16) * 4
+    measured = quality.measure(published, quantize_state(published, plan), plan)
 
-    flat = weight.reshape(3, -1) if name == EXPERTS else weight
+    # the reference: what the quantiser itself chose, on the tensor whose amax sets each global scale
+    if name == EXPERTS:
+        sets = [weight.reshape(3, -1)]
+    elif sharing == "shared":
+        sets = [torch.cat((weight, published[UP]))]
+    else:
+        sets = [weight, published[UP]]
     scale = "per_token" if name == EXPERTS else "per_tensor"
-    q_ref, map_to_4_ref = nvfp4.quantize_with_choices(flat, scale=scale, four_over_six="mse")
-    assert measured.nvfp4_blocks == map_to_4_ref.numel()
-    assert measured.map_to_4_blocks == int(map_to_4_ref.sum()) > 0
-    assert measured.rel_error[name] == pytest.approx(rel_mse(q_ref.dequantize(), flat.float()), rel=1e-9)
+    refs = [nvfp4.quantize_with_choices(x, scale=scale, four_over_six="mse") for x in sets]
+    assert measured.nvfp4_blocks == sum(choices.numel() for _, choices in refs)
+    assert measured.map_to_4_blocks == sum(int(choices.sum()) for _, choices in refs) > 0
+    dequantized = refs[0][0].dequantize()[: shape[0]].reshape(shape)
+    assert measured.rel_error[name] == pytest.approx(rel_mse(dequantized, weight.float()), rel=1e-9)
 
 
 def test_mxfp8_weights_report_an_error_and_no_4_over_6_blocks():

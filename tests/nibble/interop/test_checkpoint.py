@@ -217,3 +217,36 @@ def test_an_mxfp8_plan_is_refused_on_export(tmp_path):
     with pytest.raises(ValueError, match="only NVFP4"):
         export_checkpoint(QuantizedCheckpoint(state), tmp_path / "o", "modelopt")
     assert not (tmp_path / "o").exists()
+
+
+def test_dense_exports_share_one_scale_per_pair_and_warn_only_when_they_do_not(dense, tmp_path, caplog):
+    from tests.nibble.interop.conftest import DENSE, quantized
+
+    pair = [f"model.layers.0.mlp.{p}.weight_scale_2" for p in ("gate_proj", "up_proj")]
+    with caplog.at_level("WARNING", logger="nibble.interop.checkpoint"):
+        out = export_checkpoint(dense, tmp_path / "shared", "modelopt")
+    assert not caplog.records
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert torch.equal(f.get_tensor(pair[0]), f.get_tensor(pair[1]))  # what a fused gate_up_proj decodes with
+    separate = quantized(DENSE, dense.plan.model_copy(update={"gate_up_global_scale": "separate"}), seed=1)
+    with caplog.at_level("WARNING", logger="nibble.interop.checkpoint"):
+        export_checkpoint(separate, tmp_path / "separate", "modelopt")
+    assert "gate_up_global_scale: shared" in caplog.text
+
+
+def test_a_plan_that_claims_a_shared_scale_its_tensors_lack_is_named(dense, tmp_path):
+    from tests.nibble.interop.conftest import DENSE, quantized
+
+    separate = quantized(DENSE, dense.plan.model_copy(update={"gate_up_global_scale": "separate"}), seed=1)
+    out = export_checkpoint(separate, tmp_path / "out", "compressed-tensors")
+    plan = json.loads((out / "nibble_plan.json").read_text())
+    (out / "nibble_plan.json").write_text(json.dumps({**plan, "gate_up_global_scale": "shared"}))
+    with pytest.raises(ValueError, match=r"nibble_plan\.json: gate_up_global_scale is 'shared' but model\.layers\.0"):
+        import_checkpoint(out)
+    # an export written before the field existed: each projection had its own scale
+    del plan["gate_up_global_scale"]
+    (out / "nibble_plan.json").write_text(json.dumps(plan))
+    assert import_checkpoint(out).plan.gate_up_global_scale == "separate"
+    (out / "nibble_plan.json").write_text(json.dumps({**plan, "format": "nvfp5"}))
+    with pytest.raises(ValueError, match=r"nibble_plan\.json: not a precision plan"):
+        import_checkpoint(out)

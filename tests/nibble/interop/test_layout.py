@@ -77,9 +77,13 @@ def test_a_decode_scale_that_is_not_a_reciprocal_is_refused():
 def test_dense_gate_and_up_with_their_own_scales_are_flagged_expert_stacks_never(moe, dense):
     from nibble.interop import fused_scale_conflicts
 
+    from .conftest import DENSE, quantized
+
     assert fused_scale_conflicts(split_state(moe.state)[0]) == []
-    # all_linear quantises each dense projection per tensor: layers 0 and 1 are NVFP4, layer 2 BF16
-    assert fused_scale_conflicts(split_state(dense.state)[0]) == [
+    assert fused_scale_conflicts(split_state(dense.state)[0]) == []  # the plan's default: one scale for the pair
+    separate = dense.plan.model_copy(update={"gate_up_global_scale": "separate"})
+    # each dense projection on its own scale: layers 0 and 1 are NVFP4, layer 2 BF16
+    assert fused_scale_conflicts(split_state(quantized(DENSE, separate, seed=1).state)[0]) == [
         "model.layers.0.mlp.{gate_proj,up_proj}",
         "model.layers.1.mlp.{gate_proj,up_proj}",
     ]
