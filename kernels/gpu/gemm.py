@@ -13,13 +13,33 @@ from .nvfp4_gemm import nvfp4_gemm_kernel
 
 # Row invariance: row r of a product must not depend on how many rows are computed with it — the sampler
 # decodes a few rows at a time, the trainer scores thousands, and the bit-exact logprob contract needs the
-# same bits from both. So one tile shape and launch configuration serve every row count (no autotuning,
-# whose pick may differ between processes; no switch to a vendor GEMM above some row count, which sums in
-# another order), and K is split by the column tiles alone. The dequantise-and-vendor-GEMM forms below stay
+# same bits from both. So what sets a row's summation order — BLOCK_K, the tensor-core operand types, the
+# split of K — is one fixed configuration for every row count (no autotuning, whose pick may differ between
+# processes; no switch to a vendor GEMM above some row count, which sums in another order), and K is split
+# by the column tiles alone. The dequantise-and-vendor-GEMM forms below stay
 # for benchmarks/kernels_gpu.py to measure against.
-BLOCK_M = 16
 BLOCK_N = 64
-_CUDA_CONFIG = {"BLOCK_N": BLOCK_N, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4}
+_CUDA_CONFIG = {"BLOCK_N": BLOCK_N, "BLOCK_K": 128, "num_stages": 4}
+# The row tile (BLOCK_M, num_warps) varies with the rows per weight matrix: it changes which rows a program
+# holds, not the order in which any row sums over K. That each row then gets the same bits whatever the tile
+# was measured, not assumed: on the H200 every tile below gave bit-identical rows to (16, 4) at every row
+# count from 1 to 8192 on three shapes, and the table is the fastest there
+# (benchmarks/gemm_tiles_gpu.py, benchmarks/results/h200_gemm_tiles.json). (rows up to, (BLOCK_M, num_warps)):
+ROW_TILES = ((16, (16, 4)), (64, (64, 4)), (None, (128, 8)))
+REFERENCE_TILE = ROW_TILES[0][1]
+ROW_TILES_USED = tuple(tile for _, tile in ROW_TILES)
+
+
+def row_tile(rows_per_matrix: float, device: torch.device) -> tuple[int, int]:
+    """``(BLOCK_M, num_warps)`` for ``rows_per_matrix`` rows against one weight matrix (a dense product's M,
+    a grouped product's rows per expert), from :data:`ROW_TILES` on CUDA. The Triton interpreter keeps
+    :data:`REFERENCE_TILE`: its dot products are NumPy matmuls, whose summation order may depend on the
+    tile's rows."""
+    if device.type != "cuda":
+        return REFERENCE_TILE
+    return next(tile for limit, tile in ROW_TILES if limit is None or rows_per_matrix <= limit)
+
+
 # The Triton interpreter (CPU tests) runs a smaller tile.
 _INTERPRETER_CONFIG = {"BLOCK_N": 32, "BLOCK_K": 64}
 # Split K until the launch has TARGET_PROGRAMS programs (two per multiprocessor of an H100/H200), keeping at
@@ -54,6 +74,7 @@ def _launch(
     wg,
     tiles,
     rows,
+    num_warps: int,
     **constexprs,
 ):
     """Run the kernel into ``out`` ``[rows, n]``, through a float32 split-K workspace when K is split."""
@@ -65,8 +86,9 @@ def _launch(
     grid = (m_tiles, triton.cdiv(n, block_n), split)
     if cuda:
         nvfp4_gemm_kernel[grid](
-            *args, **constexprs, SPLIT_K=split, **_CUDA_CONFIG, DOT_DTYPE=tl.float16, enable_fp_fusion=False
-        )
+            *args, **constexprs, SPLIT_K=split, **_CUDA_CONFIG, num_warps=num_warps, DOT_DTYPE=tl.float16,
+            enable_fp_fusion=False,
+        )  # fmt: skip
     else:
         nvfp4_gemm_kernel[grid](*args, **constexprs, SPLIT_K=split, **_INTERPRETER_CONFIG, DOT_DTYPE=tl.float32)
     if split > 1:  # partial sums added in split order, element by element (a reduction kernel may reorder)
@@ -118,20 +140,23 @@ def matmul(qx: NVFP4Tensor, qw: NVFP4Tensor, out_dtype: torch.dtype) -> torch.Te
     return packed_matmul(qx, qw, out_dtype)
 
 
-def packed_matmul(qx: NVFP4Tensor, qw: NVFP4Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    """:func:`matmul` through the packed Triton GEMM; each row's result is independent of the row count."""
+def packed_matmul(
+    qx: NVFP4Tensor, qw: NVFP4Tensor, out_dtype: torch.dtype, tile: tuple[int, int] | None = None
+) -> torch.Tensor:
+    """:func:`matmul` through the packed Triton GEMM; each row's result is independent of the row count.
+    ``tile``: ``(BLOCK_M, num_warps)``, by default :func:`row_tile` of M (benchmarks choose their own)."""
     m, k = qx.shape
     n = qw.shape[0]
     out = torch.empty((m, n), dtype=out_dtype, device=qx.device)
     if m == 0:
         return out
     xe, xo, xg = _planes(qx)
-    block_m = BLOCK_M
+    block_m, num_warps = tile or row_tile(m, qx.device)
     w_codes, w_scales = _flat(qw)
     wg = qw.global_scale.reshape(1).to(torch.float32)
     unused = xg  # the grouped-only pointers
     _launch(
-        triton.cdiv(m, block_m), n, k, out, xe, xo, xg, unused, w_codes, w_scales, wg, (unused,) * 4, m,
+        triton.cdiv(m, block_m), n, k, out, xe, xo, xg, unused, w_codes, w_scales, wg, (unused,) * 4, m, num_warps,
         GROUPED=False, GATHER_X=False, BLOCK_M=block_m,
     )  # fmt: skip
     return out
@@ -170,7 +195,7 @@ def grouped_matmul(
     out = torch.empty((r, n), dtype=out_dtype, device=qx.device)
     if r == 0:
         return out
-    block_m = BLOCK_M
+    block_m, num_warps = row_tile(r / num_experts, qx.device)
     tile_expert, tile_start, tile_end, num_tiles, max_tiles = _tiles(experts, num_experts, block_m)
     xe, xo, xg = _planes(qx)
     w_codes, w_scales = _flat(qw)
@@ -179,7 +204,7 @@ def grouped_matmul(
     wg = qw.global_scale.to(torch.float32).contiguous()
     _launch(
         max_tiles, n, k, out, xe, xo, xg, rows_index, w_codes, w_scales, wg,
-        (tile_expert, tile_start, tile_end, num_tiles), r,
+        (tile_expert, tile_start, tile_end, num_tiles), r, num_warps,
         GROUPED=True, GATHER_X=gather, BLOCK_M=block_m,
     )  # fmt: skip
     return out

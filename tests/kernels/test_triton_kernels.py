@@ -107,12 +107,26 @@ def test_gemm_matches_float64_products_of_the_same_codes(m, n, k):
     assert _rel_frobenius(gemm.matmul(ref_qx, cpu_qw, out_dtype=torch.float64, backend="reference"), ref) < 1e-12
 
 
+@pytest.mark.parametrize("tile", gpu_gemm.ROW_TILES_USED)
+def test_every_row_tile_computes_the_product(tile):
+    """Each (BLOCK_M, num_warps) of the row-tile table, forced, on shapes that leave partial row tiles."""
+    m, n, k = 70, 200, 272
+    qx = nvfp4.quantize(heavy_tailed((m, k), 5).to(DEVICE), scale="per_token", four_over_six="mse")
+    qw = nvfp4.quantize(gaussian((n, k), 6).to(DEVICE).to(torch.bfloat16), scale="per_tensor", four_over_six="mse")
+    ref = qx.dequantize(torch.float64).cpu() @ qw.dequantize(torch.float64).cpu().T
+    assert _rel_frobenius(gpu_gemm.packed_matmul(qx, qw, torch.float32, tile), ref) < GEMM_TOLERANCE
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1024, 1500])
-def test_large_m_falls_back_to_dequantise_and_vendor_gemm(m):
-    x, w = gaussian((m, 256), 1).cuda(), gaussian((384, 256), 2).cuda().to(torch.bfloat16)
+def test_each_row_gets_the_same_bits_whatever_the_row_count():
+    """The row-tile table switches tiles with M: rows of small products equal the same rows of a large one."""
+    x, w = heavy_tailed((1500, 512), 1).cuda(), gaussian((384, 512), 2).cuda().to(torch.bfloat16)
     qx = nvfp4.quantize(x, scale="per_token", four_over_six="mse")
     qw = nvfp4.quantize(w, scale="per_tensor", four_over_six="mse")
+    full = gpu_gemm.packed_matmul(qx, qw, torch.bfloat16)
+    for m in (1, 16, 17, 64, 65, 1024):
+        part = NVFP4Tensor(qx.codes[:m], qx.block_scales[:m], qx.global_scale[:m], True, (m, 512))
+        assert torch.equal(gpu_gemm.packed_matmul(part, qw, torch.bfloat16), full[:m]), m
     ref = qx.dequantize(torch.float64).cpu() @ qw.dequantize(torch.float64).cpu().T
     assert _rel_frobenius(gemm.matmul(qx, qw), ref) < 1e-4
 
