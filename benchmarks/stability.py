@@ -40,18 +40,18 @@ from statistics import fmean
 
 import torch
 
-from nibble import stability_events
+from nibble.analysis import stability_events
 from nibble.config import TrainerConfig
-from nibble.evaluation import accuracy, decode_response
 from nibble.model import from_pretrained, load_config
 from nibble.recipe import PrecisionPlan, param_groups
 from nibble.recipe.export import published_state, quantize_state
 from nibble.sampler.engine import BuiltinEngine
 from nibble.sampler.groups import build_group
-from nibble.sft import SFT_RECORD, save_warm_start, train_sft
-from nibble.tasks import Task, get_task
+from nibble.tasks import Task, decode_response, get_task
+from nibble.tasks.evaluation import accuracy
 from nibble.trainer.batch import assemble
 from nibble.trainer.step import train_on_batch
+from nibble.warmstart.sft import SFT_RECORD, save_warm_start, train_sft
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "stability.json"

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from nibble.model import ModelConfig
-from nibble.weights import read_safetensors
+from nibble.model.safetensors_io import read_safetensors
 from nibble.wire import pb
 
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)

@@ -38,7 +38,7 @@ def check_contract(
     import torch
 
     from nibble.kernels.te_reference import TEReference
-    from nibble.weights import read_safetensors
+    from nibble.model.safetensors_io import read_safetensors
 
     modes = mode or list(MODES)
     unknown = [m for m in modes if m not in MODES]

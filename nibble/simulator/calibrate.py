@@ -24,7 +24,7 @@ Accepted (README.md "Calibration" documents them):
   ``config.trainer.max_staleness``), and a ``mismatch.json`` beside it if present.
 
 Every floor is a *measurement* under a plan (the article's unless said otherwise): it is converted to the
-format's table floor by inverting the whole model of :func:`nibble.stability.precision_floor` (the plan
+format's table floor by inverting the whole model of :func:`nibble.simulator.drift_model.precision_floor` (the plan
 factor, and for NVFP4 without four-over-six its +0.008), so that the model gives back exactly the
 measurement for the measured plan. The conversion uses the final BF16 floor, whichever file set it.
 
@@ -42,7 +42,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nibble.stability import (
+from nibble.simulator.drift_model import (
     FORMAT_KEYS,
     PRECISIONS,
     PUBLISHED_FLOORS,
@@ -95,7 +95,7 @@ LAST_FRACTIONS = {0.0: False, 0.15: True}  # the model knows "last 15% BF16" on 
 class Calibration:
     """Measured inputs of the model. Units: floors in nats per token, times in seconds per train step.
 
-    ``floors`` are *table* floors (``f_format`` of :func:`nibble.stability.precision_floor`): each at least
+    ``floors`` are *table* floors (``f_format`` of :func:`nibble.simulator.drift_model.precision_floor`): each at least
     the BF16 floor, at least 0 and at most :data:`MAX_TABLE_FLOOR`. Checked on construction.
     """
 

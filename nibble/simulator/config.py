@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
-from nibble.stability import PRECISIONS
+from nibble.simulator.drift_model import PRECISIONS
 
 BATCHES = (4, 8, 16)
 MAX_STALENESS = 8

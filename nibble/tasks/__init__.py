@@ -4,6 +4,7 @@ from nibble.tasks.addition import AdditionTask, HeavyTailAdditionTask
 from nibble.tasks.answers import FinalAnswer, extract_answer
 from nibble.tasks.base import Example, Task
 from nibble.tasks.chat import PromptFormat
+from nibble.tasks.decoding import decode_response
 from nibble.tasks.jsonl import JsonlTask
 from nibble.tasks.matching import exact_match, numeric_match
 from nibble.tasks.reasoning import ReasoningGymTask
@@ -25,6 +26,7 @@ __all__ = [
     "RewardRunner",
     "Task",
     "Tokenizer",
+    "decode_response",
     "exact_match",
     "extract_answer",
     "get_task",

@@ -14,11 +14,10 @@ from pathlib import Path
 import grpc
 
 from nibble.config import RunConfig
-from nibble.evaluation import decode_response
 from nibble.metrics import Metrics
 from nibble.sampler.engine import Engine, EngineUnavailable
 from nibble.sampler.groups import build_group
-from nibble.tasks import Task
+from nibble.tasks import Task, decode_response
 from nibble.transport import (
     AdmissionCounter,
     StreamStalled,

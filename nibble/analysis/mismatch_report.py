@@ -21,8 +21,8 @@ from nibble.model import MoETransformer, from_pretrained, load_config
 from nibble.model.generate import generate
 from nibble.model.scoring import score
 from nibble.recipe import PrecisionPlan
-from nibble.sft import SFT_RECORD
 from nibble.tasks import Task, get_task
+from nibble.warmstart.sft import SFT_RECORD
 
 
 @dataclass(frozen=True)
