@@ -5,7 +5,7 @@
 "use strict";
 
 const NibbleModel = (() => {
-  // ---- nibble/simulator/drift_model.py -------------------------------------------------------------------
+  // ---- nibble/simulator/drift_model.py -------------------------------------------------------
   const PRECISIONS = ["bf16", "mxfp8", "nvfp4"];
   const FLOOR_SCALE = 1.6, FLOOR_LAST_15_FACTOR = 0.625, FLOOR_SHARED_EXPERTS_FACTOR = 0.8;
   const FLOOR_NO_FOUR_OVER_SIX_PENALTY = 0.008;
