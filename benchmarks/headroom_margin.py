@@ -1,5 +1,5 @@
 """How close to the critical mismatch a run can sit: collapse probability against drift headroom, on the
-drift model of DESIGN.md §7 (``nibble.simulator.drift_model``, the simulator's dynamics), for each spike law.
+drift model of docs/design.md §7 (``nibble.simulator.drift_model``, the simulator's dynamics), for each spike law.
 
 A run is held at a constant mismatch ``m = m_c − headroom`` (what ``nibble_drift_headroom`` reports) and
 stepped through the drift map from zero drift, with the plan's gradient spikes, until it collapses
@@ -20,7 +20,7 @@ from pathlib import Path
 from benchmarks.machine import describe
 from nibble.simulator import drift_model
 
-PLANS = {  # the spike laws of DESIGN.md §7, by the NVFP4 plans that have them
+PLANS = {  # the spike laws of docs/design.md §7, by the NVFP4 plans that have them
     "nvfp4 + 4/6, dequantized backward (the recipe)": drift_model.spike_law(
         "nvfp4", four_over_six=True, dequantized_backward=True
     ),

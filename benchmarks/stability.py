@@ -10,7 +10,7 @@ the last ``max_staleness + 1`` published versions are kept, and each generation 
 ``0..min(max_staleness, v)`` by a seeded generator (the same lags for every variant of a seed), so both
 the all-token and the staleness-0 mismatch are measured.
 
-Variants (DESIGN.md §3; "the three" techniques are per-token activation scales, four-over-six and the
+Variants (docs/design.md §3; "the three" techniques are per-token activation scales, four-over-six and the
 dequantised backward): ``bf16``; ``mxfp8`` (dequantised backward, the recipe's BF16 exceptions);
 ``nvfp4_naive`` (per-tensor activation scale, no 4/6, high-precision backward, no BF16 exceptions);
 each single technique and each pair added to the naive one (still no BF16 exceptions, so each differs
@@ -169,7 +169,7 @@ class VersionedSampler:
         self.publish(0, trainer_model)
 
     def publish(self, version: int, trainer_model) -> None:
-        """What the trainer publishes and weight-sync quantises once (DESIGN.md §5)."""
+        """What the trainer publishes and weight-sync quantises once (docs/design.md §5)."""
         self.states.append((version, quantize_state(published_state(trainer_model), self.plan)))
 
     def use(self, version: int) -> None:

@@ -357,7 +357,7 @@ DESIGN_METRICS = {
     "nibble_four_over_six_fraction": ("gauge", None),
     "nibble_drift_headroom": ("gauge", None),
 }
-"""DESIGN.md §6, as written there: every metric's name, type and label (``None``: no label)."""
+"""docs/design.md §6, as written there: every metric's name, type and label (``None``: no label)."""
 
 
 def corrupted(items: list[pb.WeightStreamItem], how: str) -> list[pb.WeightStreamItem]:

@@ -1,5 +1,5 @@
 """``nibble check-contract``: does Nibble quantise a user's tensors bit for bit as Transformer Engine does,
-and as its own other backends do (DESIGN.md §2.2–2.3)?"""
+and as its own other backends do (docs/design.md §2.2–2.3)?"""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from nibble.config.base import Section
 
 
 class PlanConfig(Section):
-    """The precision plan's knobs (DESIGN.md §3); ``nibble.recipe.PrecisionPlan`` adds the layer count."""
+    """The precision plan's knobs (docs/design.md §3); ``nibble.recipe.PrecisionPlan`` adds the layer count."""
 
     format: Literal["bf16", "mxfp8", "nvfp4"] = "nvfp4"
     four_over_six: Literal["mse", "mae"] | None = "mse"

@@ -10,7 +10,7 @@ from nibble.config.base import Device, MemoryFraction, Section
 
 
 class SamplerConfig(Section):
-    """A sampler: generation engine, rewards, admission control (DESIGN.md §5)."""
+    """A sampler: generation engine, rewards, admission control (docs/design.md §5)."""
 
     group_size: int = Field(8, ge=2, description="responses per prompt (G)")
     groups_per_batch: int = Field(4, ge=1, description="groups generated together between weight swaps")

@@ -10,7 +10,7 @@ from nibble.config.base import Section
 
 
 class RedisConfig(Section):
-    """The trajectory stream (DESIGN.md §5)."""
+    """The trajectory stream (docs/design.md §5)."""
 
     url: str = "redis://127.0.0.1:6379/0"
     password_file: Path | None = Field(None, description="file holding the Redis password (or NIBBLE_REDIS_PASSWORD)")

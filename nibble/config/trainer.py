@@ -11,7 +11,7 @@ from nibble.config.base import Device, MemoryFraction, Section
 
 
 class TrainerConfig(Section):
-    """The trainer: batches, objective (DESIGN.md §4), optimiser, publishing, checkpoints."""
+    """The trainer: batches, objective (docs/design.md §4), optimiser, publishing, checkpoints."""
 
     total_steps: int = Field(450, ge=1)
     groups_per_step: int = Field(8, ge=1, description="whole GRPO groups per consumed batch")

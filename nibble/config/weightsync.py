@@ -11,7 +11,7 @@ from nibble.config.base import Section
 
 
 class WeightSyncConfig(Section):
-    """The weight-sync service: versioned store, quantise-once, fan-out (DESIGN.md §5)."""
+    """The weight-sync service: versioned store, quantise-once, fan-out (docs/design.md §5)."""
 
     host: str = "127.0.0.1"
     port: int = Field(50051, ge=0, le=65535, description="WeightSync (samplers); 0 = any free port")

@@ -1,4 +1,4 @@
-"""The throughput–stability simulator (DESIGN.md §7): plan a run before paying for it.
+"""The throughput–stability simulator (docs/design.md §7): plan a run before paying for it.
 
 Pure Python (no torch, no numpy), so ``nibble simulate`` starts fast. Modules: ``drift_model`` (the
 throughput–stability formulas, and ``drift_headroom`` for the trainer's gauge), ``config`` (knobs),

@@ -2,7 +2,7 @@
 
 A :class:`Calibration` holds the precision floors, rollout and train seconds per step and the weight-sync
 pause, each with a note of where it came from. :func:`published` gives the article's numbers
-(DESIGN.md §7); :func:`load` overrides them from files, in order (a later file wins for the same number).
+(docs/design.md §7); :func:`load` overrides them from files, in order (a later file wins for the same number).
 :mod:`nibble.simulator.calibration_files` reads the accepted files (README.md "Calibration" documents them).
 
 Every floor is a *measurement* under a plan (the article's unless said otherwise): it is converted to the
@@ -43,7 +43,7 @@ from nibble.simulator.drift_model import (
 )
 
 PUBLISHED_SOURCE = "published: The 4-Bitter Lesson (humans&, 2026), Qwen3-30B-A3B"
-# Not a measurement: slime's 48 s for a 355B model over NCCL (DESIGN.md §8) scaled by size to a 30B model.
+# Not a measurement: slime's 48 s for a 355B model over NCCL (docs/design.md §8) scaled by size to a 30B model.
 WEIGHT_SYNC_SECONDS = 5.0
 WEIGHT_SYNC_SOURCE = "illustrative: 48 s for 355B over NCCL (slime) scaled to 30B"
 # The largest table floor a measurement up to MAX_FLOOR converts to (the smallest plan factor is 0.8).

@@ -1,4 +1,4 @@
-"""DESIGN.md §7's drift and reward dynamics, driven by the batches of a timeline."""
+"""docs/design.md §7's drift and reward dynamics, driven by the batches of a timeline."""
 
 from __future__ import annotations
 

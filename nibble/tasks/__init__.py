@@ -1,4 +1,4 @@
-"""Procedurally generated and file-backed verifiable tasks, their rewards and tokenizers (DESIGN.md §1)."""
+"""Procedurally generated and file-backed verifiable tasks, their rewards and tokenizers (docs/design.md §1)."""
 
 from nibble.tasks.addition import AdditionTask, HeavyTailAdditionTask
 from nibble.tasks.answers import FinalAnswer, extract_answer

@@ -65,7 +65,7 @@ class SamplerStats:
 class Sampler:
     """One sampler process's work. ``run()`` returns when ``stop`` is set.
 
-    Admission (AReaL's rule, DESIGN.md §5): a group may start while groups started ≤
+    Admission (AReaL's rule, docs/design.md §5): a group may start while groups started ≤
     ``(v + max_staleness + 1) × groups_per_version`` with ``v`` the trainer's version, so samplers never
     run more than ``max_staleness`` versions ahead of what the trainer will accept.
     """

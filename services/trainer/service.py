@@ -252,7 +252,7 @@ class Trainer:
         self.metrics.eval_accuracy.set(self.state.eval_accuracy)
 
     def checkpoint(self) -> None:
-        """Persist the step, then acknowledge and trim the entries it consumed (DESIGN.md §5)."""
+        """Persist the step, then acknowledge and trim the entries it consumed (docs/design.md §5)."""
         self.state.trained = self.ledger.ids()
         self.state.stale_dropped = self.dropped.ids()
         self.state.provenance = self.provenance

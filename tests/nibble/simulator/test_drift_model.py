@@ -1,4 +1,4 @@
-"""DESIGN.md §7's formulas (nibble.simulator.drift_model) against hand-computed values."""
+"""docs/design.md §7's formulas (nibble.simulator.drift_model) against hand-computed values."""
 
 import itertools
 import math
