@@ -14,4 +14,6 @@ MemoryFraction = Annotated[float | None, Field(None, gt=0, le=1)]
 
 
 class Section(BaseModel):
+    """A config section: an unknown or misspelt key fails naming it, and values never change after validation."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
