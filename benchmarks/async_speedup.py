@@ -28,9 +28,9 @@ from statistics import fmean
 from tempfile import TemporaryDirectory
 
 from benchmarks.machine import describe
+from nibble.analysis.run_report import read_lines, summarize
 from nibble.config import RunConfig, load
 from nibble.launcher import launch
-from nibble.run_report import read_lines, summarize
 from nibble.rundir import RunRecord
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,8 +46,8 @@ def ensure_warm_start(checkpoint: Path, seed: int = 0, steps: int = 300) -> None
         return
     import torch
 
-    from nibble.sft import save_warm_start, train_sft
     from nibble.tasks import get_task
+    from nibble.warmstart.sft import save_warm_start, train_sft
 
     torch.set_num_threads(1)  # more threads than idle cores slows training down many times
     with get_task(TASK["name"], **TASK["options"]) as task:

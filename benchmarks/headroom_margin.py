@@ -1,5 +1,5 @@
 """How close to the critical mismatch a run can sit: collapse probability against drift headroom, on the
-drift model of DESIGN.md §7 (``nibble.stability``, the simulator's dynamics), for each spike law.
+drift model of docs/design.md §7 (``nibble.simulator.drift_model``, the simulator's dynamics), for each spike law.
 
 A run is held at a constant mismatch ``m = m_c − headroom`` (what ``nibble_drift_headroom`` reports) and
 stepped through the drift map from zero drift, with the plan's gradient spikes, until it collapses
@@ -18,29 +18,29 @@ import random
 from pathlib import Path
 
 from benchmarks.machine import describe
-from nibble import stability
+from nibble.simulator import drift_model
 
-PLANS = {  # the spike laws of DESIGN.md §7, by the NVFP4 plans that have them
-    "nvfp4 + 4/6, dequantized backward (the recipe)": stability.spike_law(
+PLANS = {  # the spike laws of docs/design.md §7, by the NVFP4 plans that have them
+    "nvfp4 + 4/6, dequantized backward (the recipe)": drift_model.spike_law(
         "nvfp4", four_over_six=True, dequantized_backward=True
     ),
-    "nvfp4 without 4/6": stability.spike_law("nvfp4", four_over_six=False, dequantized_backward=True),
-    "nvfp4, high-precision backward": stability.spike_law("nvfp4", four_over_six=True, dequantized_backward=False),
+    "nvfp4 without 4/6": drift_model.spike_law("nvfp4", four_over_six=False, dequantized_backward=True),
+    "nvfp4, high-precision backward": drift_model.spike_law("nvfp4", four_over_six=True, dequantized_backward=False),
 }
 GATING = ("nvfp4 + 4/6, dequantized backward (the recipe)", "nvfp4 without 4/6")
 HEADROOMS = (0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.012, 0.015, 0.02, 0.025, 0.03)
 
 
-def collapse_fraction(headroom: float, law: stability.SpikeLaw, steps: int, seeds: int) -> float:
+def collapse_fraction(headroom: float, law: drift_model.SpikeLaw, steps: int, seeds: int) -> float:
     """Fraction of seeds whose drift, held at ``m_c − headroom``, passes 2.2 within ``steps`` steps."""
-    m_eff = stability.effective_mismatch(stability.critical_mismatch() - headroom)
+    m_eff = drift_model.effective_mismatch(drift_model.critical_mismatch() - headroom)
     collapsed = 0
     for seed in range(seeds):
         rng, drift = random.Random(seed), 0.0
         for _ in range(steps):
             spike = law.kick if rng.random() < law.probability else 0.0
-            drift = stability.drift_step(drift, m_eff, spike)
-            if drift > stability.COLLAPSE_DRIFT:
+            drift = drift_model.drift_step(drift, m_eff, spike)
+            if drift > drift_model.COLLAPSE_DRIFT:
                 collapsed += 1
                 break
     return collapsed / seeds
@@ -59,7 +59,7 @@ def main() -> None:
     }
     safe = [h for h in HEADROOMS if all(table[plan][str(h)] <= args.tolerance for plan in GATING)]
     record = {
-        "critical_mismatch": stability.critical_mismatch(),
+        "critical_mismatch": drift_model.critical_mismatch(),
         "steps": args.steps,
         "seeds": args.seeds,
         "tolerance": args.tolerance,

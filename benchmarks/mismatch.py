@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from benchmarks.machine import describe
-from nibble.mismatch import as_json, measure
+from nibble.analysis.mismatch_report import as_json, measure
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ the last ``max_staleness + 1`` published versions are kept, and each generation 
 ``0..min(max_staleness, v)`` by a seeded generator (the same lags for every variant of a seed), so both
 the all-token and the staleness-0 mismatch are measured.
 
-Variants (DESIGN.md §3; "the three" techniques are per-token activation scales, four-over-six and the
+Variants (docs/design.md §3; "the three" techniques are per-token activation scales, four-over-six and the
 dequantised backward): ``bf16``; ``mxfp8`` (dequantised backward, the recipe's BF16 exceptions);
 ``nvfp4_naive`` (per-tensor activation scale, no 4/6, high-precision backward, no BF16 exceptions);
 each single technique and each pair added to the naive one (still no BF16 exceptions, so each differs
@@ -40,18 +40,18 @@ from statistics import fmean
 
 import torch
 
-from nibble import stability_events
+from nibble.analysis import stability_events
 from nibble.config import TrainerConfig
-from nibble.evaluation import accuracy, decode_response
 from nibble.model import from_pretrained, load_config
 from nibble.recipe import PrecisionPlan, param_groups
 from nibble.recipe.export import published_state, quantize_state
 from nibble.sampler.engine import BuiltinEngine
 from nibble.sampler.groups import build_group
-from nibble.sft import SFT_RECORD, save_warm_start, train_sft
-from nibble.tasks import Task, get_task
+from nibble.tasks import Task, decode_response, get_task
+from nibble.tasks.evaluation import accuracy
 from nibble.trainer.batch import assemble
 from nibble.trainer.step import train_on_batch
+from nibble.warmstart.sft import SFT_RECORD, save_warm_start, train_sft
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "stability.json"
@@ -169,7 +169,7 @@ class VersionedSampler:
         self.publish(0, trainer_model)
 
     def publish(self, version: int, trainer_model) -> None:
-        """What the trainer publishes and weight-sync quantises once (DESIGN.md §5)."""
+        """What the trainer publishes and weight-sync quantises once (docs/design.md §5)."""
         self.states.append((version, quantize_state(published_state(trainer_model), self.plan)))
 
     def use(self, version: int) -> None:

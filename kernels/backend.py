@@ -1,6 +1,6 @@
 """Which implementation runs a format operation: the Triton kernels on CUDA, the torch reference elsewhere.
 
-Every backend returns identical bits for identical inputs (DESIGN.md §2), so the choice is about speed
+Every backend returns identical bits for identical inputs (docs/design.md §2), so the choice is about speed
 only. ``TRITON_INTERPRET=1`` lets the Triton kernels run on CPU tensors (slowly) for testing.
 """
 

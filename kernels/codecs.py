@@ -1,6 +1,6 @@
 """Element codecs shared by the block formats: E2M1 (FP4) and E4M3 (FP8) rounding, E2M1 packing.
 
-Everything here is elementwise and exact in float32 (DESIGN.md §2): rounding decisions are made by
+Everything here is elementwise and exact in float32 (docs/design.md §2): rounding decisions are made by
 comparisons against exactly representable midpoints, never by arithmetic that could round twice.
 """
 
@@ -39,7 +39,7 @@ def e2m1_rne(x: torch.Tensor) -> torch.Tensor:
         bit is set for ``x < 0``, as Transformer Engine decides it: small negatives that round to zero
         give 0b1000 (−0), an exact −0.0 gives 0b0000.
 
-    Source: DESIGN.md §2.1 (grid and ties of the OCP Microscaling Formats v1.0 spec, FP4 E2M1).
+    Source: docs/design.md §2.1 (grid and ties of the OCP Microscaling Formats v1.0 spec, FP4 E2M1).
     """
     mag = x.abs()
     code = torch.zeros(x.shape, dtype=torch.uint8, device=x.device)

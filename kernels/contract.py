@@ -1,5 +1,5 @@
 """The bit-exact contract, checked: Nibble's quantisation against Transformer Engine's reference and against
-Nibble's other backends, part by part (DESIGN.md §2)."""
+Nibble's other backends, part by part (docs/design.md §2)."""
 
 from __future__ import annotations
 

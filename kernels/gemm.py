@@ -3,7 +3,7 @@
 Both operands are NVFP4 (activations quantised per token, weights per tensor or per expert); the product
 is ``dequantize(x̂) @ dequantize(Ŵ).T`` with float32 (or wider) accumulation. Products of E2M1 and E4M3
 values are exact, so backends differ only in accumulation order. The Triton backend keeps the weights
-packed and decodes them in registers (DESIGN.md §8: on Hopper 4-bit weights pay off through memory
+packed and decodes them in registers (docs/design.md §8: on Hopper 4-bit weights pay off through memory
 traffic); the reference backend decodes and multiplies in float64.
 """
 

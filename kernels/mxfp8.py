@@ -1,6 +1,6 @@
 """MXFP8 (OCP Microscaling v1.0): 32-element blocks of E4M3 elements with a power-of-two E8M0 scale.
 
-DESIGN.md §2.4 is the normative definition. Exponents are computed exactly from the float's exponent
+docs/design.md §2.4 is the normative definition. Exponents are computed exactly from the float's exponent
 and mantissa (``torch.frexp``), never with a floating-point ``log2``.
 """
 
@@ -50,7 +50,7 @@ def quantize(x: torch.Tensor, *, scale_mode: str = "rceil", validate: bool = Tru
 
 
 def _block_exponent(bmax: torch.Tensor, scale_mode: str) -> torch.Tensor:
-    """Shared exponent per block, int32 ``[..., nb]`` (DESIGN.md §2.4)."""
+    """Shared exponent per block, int32 ``[..., nb]`` (docs/design.md §2.4)."""
     mantissa, exp = torch.frexp(bmax)  # bmax = mantissa * 2^exp, mantissa in [0.5, 1)
     exp = exp.to(torch.int32)
     if scale_mode == "floor":

@@ -2,7 +2,7 @@
 
 The public entry points validate their arguments and run a backend (:mod:`nibble.kernels.backend`): the
 Triton kernels for CUDA tensors, the plain-PyTorch reference elsewhere, with identical bits.
-DESIGN.md §2.2–2.3 is the normative definition.
+docs/design.md §2.2–2.3 is the normative definition.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def quantize(
     validate: bool = True,
     backend: str | None = None,
 ) -> NVFP4Tensor:
-    """Quantise ``x`` to NVFP4 (DESIGN.md §2.2; four-over-six §2.3).
+    """Quantise ``x`` to NVFP4 (docs/design.md §2.2; four-over-six §2.3).
 
     Args:
         x: float32, bfloat16 or float16 ``[..., K]`` with ``K % 16 == 0``.

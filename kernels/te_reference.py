@@ -1,4 +1,4 @@
-"""Transformer Engine's NVFP4 reference quantiser, run next to Nibble's (DESIGN.md §2.2–2.3 are normative
+"""Transformer Engine's NVFP4 reference quantiser, run next to Nibble's (docs/design.md §2.2–2.3 are normative
 as TE 2.20.2's ``NVFP4QuantizerRef``).
 
 TE's reference (``transformer_engine/pytorch/custom_recipes/reference_nvfp4.py``) is pure PyTorch, but its

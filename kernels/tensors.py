@@ -10,7 +10,7 @@ from .codecs import e2m1_decode, unpack_e2m1
 from .validation import check_output_dtype
 
 NVFP4_BLOCK = 16
-# The NVFP4 numerics a stored or streamed quantised payload follows; bump when DESIGN.md §2.2-2.3 change a
+# The NVFP4 numerics a stored or streamed quantised payload follows; bump when docs/design.md §2.2-2.3 change a
 # bit. 1: Nibble's own operation order (until 2026-11-30); 2: Transformer Engine 2.20.2's convention.
 NVFP4_FORMAT_VERSION = 2
 MXFP8_BLOCK = 32
@@ -29,7 +29,7 @@ class NVFP4Tensor:
         four_over_six: whether 4/6 chose the block scales (then ``E = 256``); decoding ignores it.
         shape: the logical shape ``[..., K]`` of the quantised tensor.
 
-    Decode (DESIGN.md §2.2 step 5): ``x̂ = e2m1_value(code) * float(block_scale) * global_scale``.
+    Decode (docs/design.md §2.2 step 5): ``x̂ = e2m1_value(code) * float(block_scale) * global_scale``.
     """
 
     codes: torch.Tensor

@@ -26,8 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from nibble import devices
-from nibble.config import RunConfig
+from nibble.config import RunConfig, devices
 from nibble.monitoring import prometheus as local_prometheus
 from nibble.monitoring.prometheus import Target
 

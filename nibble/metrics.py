@@ -1,4 +1,4 @@
-"""Prometheus metrics of DESIGN.md §6: one definition of every name, label and bucket.
+"""Prometheus metrics of docs/design.md §6: one definition of every name, label and bucket.
 
 Each service builds a :class:`Metrics` on its own ``CollectorRegistry`` (so tests can run several in
 one process) with its ``role``; every series a role reports is created at start-up with zero values,
@@ -20,7 +20,7 @@ RESPONSE_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 409
 SYNC_SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 ROLE_LABELLED = ("nibble_policy_version", "nibble_tokens_total", "nibble_weight_bytes_total")
-"""The families labelled ``role`` (DESIGN.md §6); :meth:`Metrics.value` fills that label in for them."""
+"""The families labelled ``role`` (docs/design.md §6); :meth:`Metrics.value` fills that label in for them."""
 
 # Reasons pre-created so their series exist from the start (more could appear as they happen). Every
 # role pre-creates all of them, so a scrape of any service lists every series of every family.
@@ -129,7 +129,9 @@ class Metrics:
             "nibble_four_over_six_fraction", "fraction of blocks that chose map-to-4", registry=r
         )
         self.drift_headroom = Gauge(
-            "nibble_drift_headroom", "critical mismatch minus the observed mismatch (DESIGN.md section 7)", registry=r
+            "nibble_drift_headroom",
+            "critical mismatch minus the observed mismatch (docs/design.md section 7)",
+            registry=r,
         )
         self._initialise()
 

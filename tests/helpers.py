@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from nibble.model import ModelConfig
-from nibble.weights import read_safetensors
+from nibble.model.safetensors_io import read_safetensors
 from nibble.wire import pb
 
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -357,7 +357,7 @@ DESIGN_METRICS = {
     "nibble_four_over_six_fraction": ("gauge", None),
     "nibble_drift_headroom": ("gauge", None),
 }
-"""DESIGN.md §6, as written there: every metric's name, type and label (``None``: no label)."""
+"""docs/design.md §6, as written there: every metric's name, type and label (``None``: no label)."""
 
 
 def corrupted(items: list[pb.WeightStreamItem], how: str) -> list[pb.WeightStreamItem]:

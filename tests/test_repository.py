@@ -1,4 +1,4 @@
-"""Repository-wide rules: lint clean, and imports follow the layering of DESIGN.md §1."""
+"""Repository-wide rules: lint clean, and imports follow the layering of docs/design.md §1."""
 
 import ast
 import subprocess

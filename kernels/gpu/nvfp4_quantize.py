@@ -7,7 +7,7 @@ cache: one read of the input from memory, one write of codes, block scales and g
 rows (expert stacks quantised per expert) get their amax from a separate reduction so that many
 programs can share a row.
 
-Every step is the float32 operation of DESIGN.md §2.2–2.3 in the same order. The traps §2 lists are
+Every step is the float32 operation of docs/design.md §2.2–2.3 in the same order. The traps §2 lists are
 avoided as follows: divisions use ``tl.div_rn`` (Triton's ``/`` is approximate); the launcher turns
 floating-point contraction off (``enable_fp_fusion=False``) so ``a * b + c`` is never an FMA; the 4/6
 block error is added element by element in index order; E4M3 rounding is done with integer
@@ -124,7 +124,7 @@ def _encode(x, sf, g):
 
 @triton.jit
 def _block_error(codes, sf, amax, x, SIX_E: tl.constexpr, MSE: tl.constexpr, BM: tl.constexpr, NB: tl.constexpr):
-    """4/6 candidate error per block (DESIGN.md §2.3): ``[BM, NB]`` float32."""
+    """4/6 candidate error per block (docs/design.md §2.3): ``[BM, NB]`` float32."""
     d = e2m1_value(codes) * sf[:, :, None]
     d = d * amax[:, None, None]
     d = tl.div_rn(d, tl.full(d.shape, SIX_E, tl.float32))
@@ -152,7 +152,7 @@ def _quantize_chunk(
     E: tl.constexpr, FOUR_OVER_SIX: tl.constexpr, MSE: tl.constexpr, WRITE_CHOICE: tl.constexpr,
     BLOCK_M: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
-    """Steps 3-4 of DESIGN.md §2.2 (and §2.3's choice) for one chunk; stores codes, scales and choices."""
+    """Steps 3-4 of docs/design.md §2.2 (and §2.3's choice) for one chunk; stores codes, scales and choices."""
     blocks = chunk * CHUNK + tl.arange(0, CHUNK)
     block_ok = blocks < KB
     bmax = tl.max(tl.abs(x), axis=2)  # [BM, CHUNK]

@@ -1,6 +1,6 @@
-"""NVFP4 quantisation in plain PyTorch, following DESIGN.md §2.2–2.3 operation by operation.
+"""NVFP4 quantisation in plain PyTorch, following docs/design.md §2.2–2.3 operation by operation.
 
-DESIGN.md fixes Transformer Engine 2.20.2's reference quantiser (``NVFP4QuantizerRef``) as normative:
+docs/design.md fixes Transformer Engine 2.20.2's reference quantiser (``NVFP4QuantizerRef``) as normative:
 its float32 operations, in its order. Each step below is one float32 IEEE operation on tensors of the
 same device (no Python scalar divisions, no reductions whose order matters), so CPU and CUDA runs give
 identical bits.
@@ -78,7 +78,7 @@ def quantize(
 
 
 def global_encode_scale(amax: torch.Tensor, e: float) -> torch.Tensor:
-    """The outer encode scale ``S = min((6 E) / amax, FLT_MAX)``, 1 where that is 0 (DESIGN.md §2.2 step 2).
+    """The outer encode scale ``S = min((6 E) / amax, FLT_MAX)``, 1 where that is 0 (docs/design.md §2.2 step 2).
 
     Args:
         amax: float32 ``[]`` or ``[M]``, non-negative. An all-zero tensor or row (amax 0) gets

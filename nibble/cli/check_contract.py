@@ -1,5 +1,5 @@
 """``nibble check-contract``: does Nibble quantise a user's tensors bit for bit as Transformer Engine does,
-and as its own other backends do (DESIGN.md §2.2–2.3)?"""
+and as its own other backends do (docs/design.md §2.2–2.3)?"""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def check_contract(
     import torch
 
     from nibble.kernels.te_reference import TEReference
-    from nibble.weights import read_safetensors
+    from nibble.model.safetensors_io import read_safetensors
 
     modes = mode or list(MODES)
     unknown = [m for m in modes if m not in MODES]

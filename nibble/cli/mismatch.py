@@ -21,9 +21,9 @@ def mismatch(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
 ) -> None:
     """Sample with each plan's sampler, score on the trainer side; print mean |Δlogprob| and k3 KL."""
+    from nibble.analysis.mismatch_report import as_json as rows_json
+    from nibble.analysis.mismatch_report import measure
     from nibble.cli.progress import Progress
-    from nibble.mismatch import as_json as rows_json
-    from nibble.mismatch import measure
 
     with Progress("precision plans", 0, unit="plans") as bar:
 

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.progress import Progress as Bar
 
-from nibble.run_report import duration
+from nibble.analysis.run_report import duration
 
 
 class Progress:

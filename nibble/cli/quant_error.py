@@ -41,7 +41,7 @@ def quant_error(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
 ) -> None:
     """Print relative MSE ‖x̂−x‖²/‖x‖² of NVFP4 (per-tensor, per-token, 4/6 mse, 4/6 mae) and MXFP8."""
-    from nibble import quant_error as qe
+    from nibble.analysis import quant_error as qe
 
     if cols % qe.REPORT_BLOCK:
         raise ValueError(f"--cols {cols} is not a multiple of {qe.REPORT_BLOCK} (the MXFP8 block)")

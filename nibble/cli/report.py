@@ -22,7 +22,7 @@ def stability(
 ) -> None:
     """Spikes per 100 steps, collapses, final reward and accuracy, mean |Δlogprob| per variant (mean ± std
     over seeds) as a table, and grad-norm / reward / accuracy plots with seeds overlaid."""
-    from nibble.stability_report import COLUMNS, load_results, markdown_table, plot, table_cells, variant_rows
+    from nibble.analysis.stability_report import COLUMNS, load_results, markdown_table, plot, table_cells, variant_rows
 
     data = load_results(results)  # validates before anything is written
     _writable(out)

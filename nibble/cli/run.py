@@ -118,7 +118,7 @@ def _launch(config, out: Path, redis_url: str | None, record, prometheus: bool) 
 
 def _report(config, out: Path, record) -> None:
     """``summary.json`` and the human summary first (the seconds matplotlib takes come last), then the plots."""
-    from nibble.run_report import describe, plot, summarize
+    from nibble.analysis.run_report import describe, plot, summarize
 
     summary = summarize(out, config, record.segments)
     tmp = out / "summary.json.tmp"
@@ -194,8 +194,8 @@ def _ensure_warm_start(config, console) -> float:
     import torch
 
     from nibble.cli.sft import train_with_progress
-    from nibble.sft import save_warm_start
     from nibble.tasks import get_task
+    from nibble.warmstart.sft import save_warm_start
 
     m = config.model
     typer.echo(
@@ -221,7 +221,7 @@ def _ensure_warm_start(config, console) -> float:
 
 
 def _warn_on_other_task(config, checkpoint: Path, console) -> None:
-    from nibble.sft import SFT_RECORD
+    from nibble.warmstart.sft import SFT_RECORD
 
     record = checkpoint / SFT_RECORD
     if not record.is_file():

@@ -7,14 +7,14 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from nibble import config_env
 from nibble.config import RunConfig, load_with_overrides
+from nibble.config.env import Overrides
 from nibble.rundir import Found, RunRecord, State
 
 EXTENSIBLE = "trainer.total_steps"
 
 
-def run_config(path: Path | None, record: RunRecord, found: Found) -> tuple[RunConfig, config_env.Overrides]:
+def run_config(path: Path | None, record: RunRecord, found: Found) -> tuple[RunConfig, Overrides]:
     """This launch's config and the keys the environment set.
 
     Raises:

@@ -65,8 +65,8 @@ def sft(
     options = parse_options(task_option or [])
     import torch
 
-    from nibble.sft import save_warm_start
     from nibble.tasks import get_task
+    from nibble.warmstart.sft import save_warm_start
 
     torch.set_num_threads(threads)
 
@@ -86,10 +86,10 @@ def sft(
 
 
 def train_with_progress(task, *, steps: int, **options):
-    """``nibble.sft.train_sft`` with a progress bar over the step budget (an ETA to the budget: reaching
+    """``nibble.warmstart.sft.train_sft`` with a progress bar over the step budget (an ETA to the budget: reaching
     ``target_accuracy`` stops it sooner) and a line per held-out evaluation."""
     from nibble.cli.progress import Progress
-    from nibble.sft import train_sft
+    from nibble.warmstart.sft import train_sft
 
     target = options.get("target_accuracy")
     until = f" (stops at held-out accuracy ≥ {target})" if target else ""

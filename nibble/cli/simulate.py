@@ -1,4 +1,4 @@
-"""``nibble simulate``: the throughput–stability simulator (DESIGN.md §7) — one run, or ``--optimize``."""
+"""``nibble simulate``: the throughput–stability simulator (docs/design.md §7) — one run, or ``--optimize``."""
 
 from __future__ import annotations
 

@@ -25,8 +25,8 @@ from nibble.interop.compressed_tensors import COMPRESSED_TENSORS
 from nibble.interop.layout import ModuleWeight, check_module, fuse_state, fused_scale_conflicts, split_state
 from nibble.interop.modelopt import MODELOPT
 from nibble.model.checkpoint_dir import check_output, write_directory
+from nibble.model.safetensors_io import read_safetensors, safetensors_files
 from nibble.recipe.plan import PrecisionPlan
-from nibble.weights import read_safetensors, safetensors_files
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ Per quantised module ``M`` (compressed-tensors 0.20.1, ``compressors/nvfp4/base.
 
 - ``M.weight_packed``: uint8 ``[N, K/2]``, element ``2i`` in the low nibble (``helpers.py``,
   ``pack_fp4_to_uint8``: ``indices[:, 0] | (indices[:, 1] << 4)``), code bits sign·exponent·mantissa as
-  in DESIGN.md §2.1;
+  in docs/design.md §2.1;
 - ``M.weight_scale``: float8_e4m3fn ``[N, K/16]``;
 - ``M.weight_global_scale``: float32 ``[1]``, an ENCODE scale ``S``: compressed-tensors decodes
   ``x̂ = e2m1 · (weight_scale / S)`` (``quantization/lifecycle/forward_helpers.py``, ``_dequantize``) and

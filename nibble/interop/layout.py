@@ -36,7 +36,7 @@ class ModuleWeight:
         codes: uint8 ``[N, K // 2]``; element ``2i`` of a row in the low nibble, ``2i+1`` in the high one.
         block_scales: float8_e4m3fn ``[N, K // 16]``.
         global_scale: float32 ``[]``, the decode scale ``g`` (Transformer Engine's convention,
-            DESIGN.md §2.2): ``x̂ = e2m1(code) · float(block_scale) · g``.
+            docs/design.md §2.2): ``x̂ = e2m1(code) · float(block_scale) · g``.
     """
 
     codes: torch.Tensor

@@ -1,7 +1,7 @@
 """Batched sampling with a KV cache, returning the sampler's logprob of every sampled token.
 
 The logprob is ``log_softmax(logits / T)`` at the sampling temperature, before top-p renormalisation
-(DESIGN.md §4), so the trainer can score the same tokens with the same ``T`` and compare.
+(docs/design.md §4), so the trainer can score the same tokens with the same ``T`` and compare.
 """
 
 from __future__ import annotations

@@ -16,9 +16,9 @@ import torch
 from safetensors.torch import save_file
 
 from nibble.model.config import ModelConfig
+from nibble.model.safetensors_io import read_safetensors
 from nibble.model.transformer import MoETransformer
 from nibble.recipe.plan import PrecisionPlan
-from nibble.weights import read_safetensors
 
 _PER_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 

@@ -6,7 +6,7 @@ these specs, so the committed dashboard, the PNG report and what the tests prove
 Queries may use Grafana's template variables ``$role``, ``$pod`` (regexes; "All" is ``.*``) and
 ``$__rate_interval``; :func:`promql` replaces them for a plain Prometheus.
 
-Every §6 metric is exported by every role with zero values (DESIGN.md §6), but most gauges are set by one
+Every §6 metric is exported by every role with zero values (docs/design.md §6), but most gauges are set by one
 role only: :data:`TRAINER` and :data:`WEIGHTSYNC` keep the owner's series, joined on ``instance``.
 """
 

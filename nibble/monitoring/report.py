@@ -15,11 +15,11 @@ from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
+from nibble.analysis.run_report import read_lines
 from nibble.monitoring import prometheus
 from nibble.monitoring.panels import Panel, promql, rows
 from nibble.monitoring.rules import HEADROOM_MARGIN
-from nibble.run_report import read_lines
-from nibble.stability import drift_headroom
+from nibble.simulator.drift_model import drift_headroom
 
 Series = list[tuple[str, list[tuple[float, float]]]]
 """A panel's data: (legend, [(Unix time, value)]) per series."""

@@ -1,4 +1,4 @@
-"""Quantised matmuls with the three backward modes of DESIGN.md §3, as a ``torch.autograd.Function``.
+"""Quantised matmuls with the three backward modes of docs/design.md §3, as a ``torch.autograd.Function``.
 
 Forward always runs on quantised operands, ``DQ(Q(x)) @ DQ(Q(W)).T``: on CUDA through the packed NVFP4
 GEMM (:mod:`nibble.kernels.gemm`, weights decoded in registers), elsewhere decoded and multiplied in the
@@ -97,7 +97,7 @@ class QuantizedMatmul(torch.autograd.Function):
             x_op, w_op, dy_dgrad, dy_wgrad = x.to(cd), weight.to(cd), dy, dy
             if plan.backward == "quantized":
                 dy_dgrad = fake_quantize(dy, ctx.fmt, plan)
-                # like every quantised weight, from its bf16 cast (DESIGN.md section 3)
+                # like every quantised weight, from its bf16 cast (docs/design.md section 3)
                 w_op = fake_quantize(weight.to(torch.bfloat16).to(cd).T, ctx.fmt, plan).T
                 dy_wgrad = fake_quantize(dy.T, ctx.fmt, plan).T
                 x_op = fake_quantize(x_op.T, ctx.fmt, plan).T

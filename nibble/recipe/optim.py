@@ -1,4 +1,4 @@
-"""Optimiser parameter groups of the recipe: no weight decay on quantised weights (DESIGN.md §3)."""
+"""Optimiser parameter groups of the recipe: no weight decay on quantised weights (docs/design.md §3)."""
 
 from __future__ import annotations
 

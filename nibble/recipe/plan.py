@@ -1,4 +1,4 @@
-"""The precision plan: one object naming the number format of every linear weight (DESIGN.md §3).
+"""The precision plan: one object naming the number format of every linear weight (docs/design.md §3).
 
 Trainer, sampler, weight-sync and checkpoints all read the same plan, so a layer can never be BF16 on
 one side and NVFP4 on the other. Parameter names are Hugging Face Qwen-MoE names, in either expert
@@ -35,7 +35,7 @@ def bf16_tail_layers(num_layers: int, fraction: float) -> int:
 class PrecisionPlan(BaseModel):
     """Which weights run in which format, and how quantised layers compute and differentiate.
 
-    Attributes mirror DESIGN.md §3; the plan is immutable and compares by value, so the trainer's and
+    Attributes mirror docs/design.md §3; the plan is immutable and compares by value, so the trainer's and
     the sampler's plans can be checked for equality.
     """
 

@@ -1,6 +1,6 @@
 """Quantise-dequantise of weights and activations under a precision plan (the forward's operands).
 
-Weights are always quantised from their bf16 cast (DESIGN.md §3), so the trainer's forward,
+Weights are always quantised from their bf16 cast (docs/design.md §3), so the trainer's forward,
 weight-sync and checkpoint export see exactly the same bytes. Expert stacks ``[E, N, K]`` get one
 outer scale per expert: quantising the flattened ``[E, N*K]`` per row is bit-identical to quantising
 each expert per tensor (the 16-element blocks and the amax are the same).

@@ -1,4 +1,4 @@
-"""The RL objective of DESIGN.md §4: group advantages, the corrected clipped policy loss, KL estimators."""
+"""The RL objective of docs/design.md §4: group advantages, the corrected clipped policy loss, KL estimators."""
 
 from nibble.rl.advantages import group_advantages, zero_std_groups
 from nibble.rl.correction import correction_ratios, correction_weights, mismatch_stats, valid_token_mask

@@ -1,4 +1,4 @@
-"""Group-relative advantages (DESIGN.md §4).
+"""Group-relative advantages (docs/design.md §4).
 
 Source: GRPO, *DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models*
 (Shao et al., 2024), §4.1.2 "outcome supervision": ``A = (r − mean_group) / std_group``, here with

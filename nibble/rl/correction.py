@@ -1,4 +1,4 @@
-"""Train/rollout correction (DESIGN.md §4): valid tokens, the weight ``w`` and the mismatch metrics.
+"""Train/rollout correction (docs/design.md §4): valid tokens, the weight ``w`` and the mismatch metrics.
 
 Per token, ``δ = π_old − μ`` (trainer logprob before the update minus sampler logprob) and ``r = exp(δ)``.
 With cap ``C``:
@@ -108,7 +108,7 @@ def correction_weights(delta: torch.Tensor, correction: str, cap: float) -> tupl
 def correction_ratios(old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """float32[V]: the per-token ratio ``r = exp(π_old − μ)`` over the V token-level valid tokens.
 
-    The values of the ``nibble_is_weight`` histogram (DESIGN.md §6), in row-major order.
+    The values of the ``nibble_is_weight`` histogram (docs/design.md §6), in row-major order.
     """
     _check_triplet(old_logprobs, sampler_logprobs, mask)
     valid = valid_token_mask(sampler_logprobs, mask)

@@ -1,4 +1,4 @@
-"""The policy loss of DESIGN.md §4: clipped PPO surrogate × train/rollout correction, one token denominator.
+"""The policy loss of docs/design.md §4: clipped PPO surrogate × train/rollout correction, one token denominator.
 
 Per valid token, with ``ρ = exp(π_θ − π_old)`` and the response's advantage ``A``:
 

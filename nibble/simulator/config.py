@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
-from nibble.stability import PRECISIONS
+from nibble.simulator.drift_model import PRECISIONS
 
 BATCHES = (4, 8, 16)
 MAX_STALENESS = 8
@@ -42,7 +42,7 @@ HORIZONS = {
 
 @dataclass(frozen=True)
 class SimConfig:
-    """One simulated run. Defaults: Nibble's recipe (DESIGN.md §3) with a little off-policy slack.
+    """One simulated run. Defaults: Nibble's recipe (docs/design.md §3) with a little off-policy slack.
 
     Attributes:
         precision: rollout (and quantised-train) precision, ``bf16`` | ``mxfp8`` | ``nvfp4``.
@@ -54,7 +54,7 @@ class SimConfig:
             (0 = synchronous: one batch generated per version); also sets admission control.
         weight_sync: model the weight-sync pause (a sampler stops generating while it swaps weights).
         inflight_updates: samplers swap weights in the middle of a rollout (PipelineRL-style), so one
-            trajectory mixes versions; off = Nibble's rule, swap only between rollouts (DESIGN.md §5).
+            trajectory mixes versions; off = Nibble's rule, swap only between rollouts (docs/design.md §5).
         batch: trajectory groups per train step.
         horizon: response-length law, see :data:`HORIZONS`.
         num_samplers: samplers, each generating one trajectory group at a time.

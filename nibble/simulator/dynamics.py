@@ -1,10 +1,10 @@
-"""DESIGN.md §7's drift and reward dynamics, driven by the batches of a timeline."""
+"""docs/design.md §7's drift and reward dynamics, driven by the batches of a timeline."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nibble import stability
+from nibble.simulator import drift_model
 from nibble.simulator.rng import DYNAMICS_STREAM, Mulberry32
 from nibble.simulator.timeline import Rollout, Timeline
 
@@ -33,7 +33,7 @@ def rollout_cost(rollout: Rollout, version: int) -> float:
     share of its generation time spent on each version (one share of 1 without in-flight swaps)."""
     cost = 0.0
     for seg_version, seconds in rollout.segments:
-        cost = cost + (seconds / rollout.generation_seconds) * stability.staleness_cost(version - seg_version)
+        cost = cost + (seconds / rollout.generation_seconds) * drift_model.staleness_cost(version - seg_version)
     return cost
 
 
@@ -48,7 +48,7 @@ def step_costs(timeline: Timeline) -> list[float]:
     return out
 
 
-def run_dynamics(costs: list[float], floor: float, spikes: stability.SpikeLaw, seed: int) -> Dynamics:
+def run_dynamics(costs: list[float], floor: float, spikes: drift_model.SpikeLaw, seed: int) -> Dynamics:
     """Iterate drift and reward over the steps' staleness costs ``costs`` with precision floor ``floor``.
 
     Order per step: ``m = cost + 0.5·f``; one uniform draw decides the spike (drawn for every precision,
@@ -56,25 +56,25 @@ def run_dynamics(costs: list[float], floor: float, spikes: stability.SpikeLaw, s
     moves with the new drift.
     """
     rng = Mulberry32(seed, DYNAMICS_STREAM)
-    drift, reward, collapsed_at = 0.0, stability.REWARD_START, None
+    drift, reward, collapsed_at = 0.0, drift_model.REWARD_START, None
     mismatch, drifts, rewards, spike_steps = [], [], [], []
     for k, cost in enumerate(costs):
-        m = stability.batch_mismatch(cost, floor)
+        m = drift_model.batch_mismatch(cost, floor)
         draw = rng.uniform()
         kick = spikes.kick if draw < spikes.probability else 0.0
         if kick > 0:
             spike_steps.append(k)
-        drift = min(DRIFT_CEILING, stability.drift_step(drift, stability.effective_mismatch(m), kick))
-        if collapsed_at is None and drift > stability.COLLAPSE_DRIFT:
+        drift = min(DRIFT_CEILING, drift_model.drift_step(drift, drift_model.effective_mismatch(m), kick))
+        if collapsed_at is None and drift > drift_model.COLLAPSE_DRIFT:
             collapsed_at = k
-        reward = stability.reward_step(reward, m, drift, collapsed_at is not None)
+        reward = drift_model.reward_step(reward, m, drift, collapsed_at is not None)
         mismatch.append(m)
         drifts.append(drift)
         rewards.append(reward)
     steady = _mean(mismatch[-STEADY_WINDOW:])
     if collapsed_at is not None:
         verdict = "diverged"
-    elif stability.will_diverge(drift, steady, spikes.mean):
+    elif drift_model.will_diverge(drift, steady, spikes.mean):
         verdict = "will_diverge"
     else:
         verdict = "stable"

@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from nibble import stability
+from nibble.simulator import drift_model
 from nibble.simulator.calibrate import Calibration, published
 from nibble.simulator.config import MAX_STALENESS, SimConfig
 from nibble.simulator.dynamics import step_costs
@@ -142,7 +142,7 @@ def _timeline(config: SimConfig, calibration: Calibration, cache: dict) -> Timel
 
 
 def _candidate(config: SimConfig, runs: list, reference: dict[int, float]) -> Candidate:
-    critical = stability.critical_mismatch()
+    critical = drift_model.critical_mismatch()
     n = len(runs)
     return Candidate(
         config=config,

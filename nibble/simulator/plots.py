@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nibble import stability
+from nibble.simulator import drift_model
 from nibble.simulator.dynamics import rollout_cost
 from nibble.simulator.simulate import SimResult
 
@@ -66,7 +66,7 @@ def _drift(ax, result: SimResult) -> None:
     dyn = result.run.dynamics
     ax.plot(_steps(len(dyn.drift)), dyn.drift, color=PRECISION_COLOURS[result.run.config.precision], lw=1.8,
             label=result.run.config.precision)  # fmt: skip
-    ax.axhline(stability.COLLAPSE_DRIFT, color="k", ls="--", lw=1, label="collapse (2.2)")
+    ax.axhline(drift_model.COLLAPSE_DRIFT, color="k", ls="--", lw=1, label="collapse (2.2)")
     for k in dyn.spikes:
         ax.axvline(k + 1, color="orange", alpha=0.3, lw=0.8)
     if dyn.collapsed_at is not None:
@@ -80,9 +80,9 @@ def _mismatch(ax, result: SimResult) -> None:
     dyn = result.run.dynamics
     ax.plot(_steps(len(dyn.mismatch)), dyn.mismatch, color=PRECISION_COLOURS[result.run.config.precision], lw=1.2,
             label="batch mismatch m")  # fmt: skip
-    ax.axhline(stability.critical_mismatch(), color="k", ls="--", lw=1, label="critical m_c")
-    ax.axhline(stability.FLOOR_WEIGHT * result.run.floor, color="grey", ls=":", lw=1, label="0.5 · floor")
-    top = max(stability.critical_mismatch() * 1.6, min(max(dyn.mismatch) * 1.05, 0.3))
+    ax.axhline(drift_model.critical_mismatch(), color="k", ls="--", lw=1, label="critical m_c")
+    ax.axhline(drift_model.FLOOR_WEIGHT * result.run.floor, color="grey", ls=":", lw=1, label="0.5 · floor")
+    top = max(drift_model.critical_mismatch() * 1.6, min(max(dyn.mismatch) * 1.05, 0.3))
     ax.set_ylim(0, top)
     ax.set(title="batch mismatch (staleness cost + 0.5 · floor)", xlabel="train step", ylabel="nats / token")
     ax.legend(fontsize=8, loc="upper left")
@@ -107,8 +107,8 @@ def _timeline(fig, ax, result: SimResult) -> None:
     run, timeline = result.run, result.run.timeline
     steps = timeline.steps[:TIMELINE_STEPS]
     horizon_end = steps[-1].end
-    cmap, norm = plt.get_cmap(MISMATCH_CMAP), Normalize(0, stability.critical_mismatch() * 1.5)
-    floor_part = stability.FLOOR_WEIGHT * run.floor
+    cmap, norm = plt.get_cmap(MISMATCH_CMAP), Normalize(0, drift_model.critical_mismatch() * 1.5)
+    floor_part = drift_model.FLOOR_WEIGHT * run.floor
     n = run.config.num_samplers
     for r in timeline.rollouts:
         if r.start >= horizon_end:

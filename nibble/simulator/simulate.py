@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nibble import stability
+from nibble.simulator import drift_model
 from nibble.simulator.calibrate import Calibration, published
 from nibble.simulator.config import SimConfig
 from nibble.simulator.dynamics import Dynamics, run_dynamics, step_costs
@@ -39,7 +39,7 @@ class SimResult:
         """The headline numbers (units: seconds, nats/token; speed is a ratio of wall-clock times; steps
         count from 1)."""
         run, timeline, dyn = self.run, self.run.timeline, self.run.dynamics
-        critical = stability.critical_mismatch()
+        critical = drift_model.critical_mismatch()
         return {
             "steps": len(timeline.steps),
             "wall_clock_seconds": timeline.end_time,
@@ -62,13 +62,13 @@ class SimResult:
 
 def step_seconds(config: SimConfig, calibration: Calibration) -> tuple[float, float, float]:
     """``(rollout, train, weight sync)`` seconds for ``config`` under ``calibration``."""
-    fmt = stability.format_key(config.precision, config.four_over_six)
-    train = stability.train_key(config.precision, config.dequantized_backward)
+    fmt = drift_model.format_key(config.precision, config.four_over_six)
+    train = drift_model.train_key(config.precision, config.dequantized_backward)
     return calibration.rollout_seconds[fmt], calibration.train_seconds[train], calibration.weight_sync_seconds
 
 
 def floor_of(config: SimConfig, calibration: Calibration) -> float:
-    return stability.precision_floor(
+    return drift_model.precision_floor(
         config.precision,
         four_over_six=config.four_over_six,
         bf16_last_15=config.bf16_last_15,
@@ -77,8 +77,8 @@ def floor_of(config: SimConfig, calibration: Calibration) -> float:
     )
 
 
-def spikes_of(config: SimConfig) -> stability.SpikeLaw:
-    return stability.spike_law(
+def spikes_of(config: SimConfig) -> drift_model.SpikeLaw:
+    return drift_model.spike_law(
         config.precision, four_over_six=config.four_over_six, dequantized_backward=config.dequantized_backward
     )
 
@@ -107,7 +107,7 @@ def simulate(config: SimConfig, calibration: Calibration | None = None, *, ghost
     baseline = build_timeline(sync_bf16(config), *step_seconds(sync_bf16(config), calibration))
     others = {}
     if ghosts:
-        for precision in stability.PRECISIONS:
+        for precision in drift_model.PRECISIONS:
             if precision != config.precision:
                 others[precision] = run_config(config.with_(precision=precision), calibration)
     return SimResult(run, baseline.end_time, calibration, others)

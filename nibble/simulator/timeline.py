@@ -1,6 +1,6 @@
 """The event-level timeline: samplers generate, a queue holds trajectories, the trainer consumes batches.
 
-Rules (DESIGN.md §5, simplified to one trajectory group per sampler at a time):
+Rules (docs/design.md §5, simplified to one trajectory group per sampler at a time):
 - Admission control (AReaL's rule): a sampler may start a group while ``started − discarded <
   (v + max_staleness + 1) · batch``, ``v`` the trainer's version; ``max_staleness = 0`` generates exactly
   one batch per version.

@@ -1,4 +1,4 @@
-"""Transports between the services (DESIGN.md §1, §5): the trajectory stream on Redis with admission
+"""Transports between the services (docs/design.md §1, §5): the trajectory stream on Redis with admission
 control (sampler → trainer), and weight chunking, checksums, tokens and gRPC clients (trainer →
 weight-sync → samplers)."""
 

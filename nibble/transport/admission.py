@@ -1,4 +1,4 @@
-"""Admission control (AReaL's rule, DESIGN.md §5): samplers start a group only while the groups started
+"""Admission control (AReaL's rule, docs/design.md §5): samplers start a group only while the groups started
 stay ≤ ``(v + max_staleness + 1) × groups_per_version``, ``v`` being the trainer's current policy version.
 
 Both numbers live in Redis (keys under ``RedisConfig.key_prefix``), so every sampler and the trainer see

@@ -1,4 +1,4 @@
-"""Bearer tokens on gRPC (DESIGN.md §5, "Access"): the server-side check and the client-side metadata.
+"""Bearer tokens on gRPC (docs/design.md §5, "Access"): the server-side check and the client-side metadata.
 
 Every RPC carries ``authorization: Bearer <token>``; publish and fetch tokens are separate. Tokens
 come from a file or an environment variable, never from config values, and are never logged. A server

@@ -1,4 +1,4 @@
-"""Connecting to the trajectory Redis (password, TLS, a safe server) and riding out its loss (DESIGN.md §5).
+"""Connecting to the trajectory Redis (password, TLS, a safe server) and riding out its loss (docs/design.md §5).
 
 The password comes from ``RedisConfig.password_file`` or ``NIBBLE_REDIS_PASSWORD`` and never appears in
 an error or a log line: messages name the server as ``scheme://host:port/db`` only.

@@ -1,5 +1,5 @@
 """gRPC plumbing shared by Nibble's clients and servers: message limits, keepalive, TLS, backoff and
-per-message deadlines for long streams (DESIGN.md §5, "Every service")."""
+per-message deadlines for long streams (docs/design.md §5, "Every service")."""
 
 from __future__ import annotations
 

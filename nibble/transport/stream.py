@@ -1,4 +1,4 @@
-"""The trajectory queue: a Redis stream of whole GRPO groups read by a consumer group (DESIGN.md §5).
+"""The trajectory queue: a Redis stream of whole GRPO groups read by a consumer group (docs/design.md §5).
 
 Samplers append with :class:`TrajectoryWriter`; the trainer reads with :class:`TrajectoryReader`, which
 re-reads its own pending entries after a restart, claims entries pending on a silent consumer, moves

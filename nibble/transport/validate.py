@@ -1,4 +1,4 @@
-"""What makes a trajectory-group stream entry unusable (DESIGN.md §5): such an entry is dead-lettered whole.
+"""What makes a trajectory-group stream entry unusable (docs/design.md §5): such an entry is dead-lettered whole.
 
 A reason reads ``"<code>: <detail>"``; the code (one of ``REASONS``) is the bounded label that
 ``nibble_dead_lettered_total`` counts by, the detail goes to the dead-letter stream for a human.

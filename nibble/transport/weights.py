@@ -1,4 +1,4 @@
-"""Weights on the wire (DESIGN.md §5): a state dict as one payload, a manifest, checksummed chunks.
+"""Weights on the wire (docs/design.md §5): a state dict as one payload, a manifest, checksummed chunks.
 
 The payload is the tensors' raw little-endian bytes, each tensor starting at a multiple of
 :data:`ALIGNMENT` bytes (zero padding between them), so a receiver can view every tensor in place
@@ -28,7 +28,7 @@ from nibble.transport.frames import ChunkFrame, chunk_frame_prefix
 from nibble.wire import pb
 
 MAX_CHUNK_BYTES = 4 * 1024 * 1024
-"""Largest chunk payload (bytes): gRPC's default message limit (DESIGN.md §5)."""
+"""Largest chunk payload (bytes): gRPC's default message limit (docs/design.md §5)."""
 
 ALIGNMENT = 64
 """Byte alignment of every tensor's offset in the payload (a multiple of every element size)."""
@@ -318,7 +318,7 @@ class WeightAssembler:
             raise WeightRejected(
                 "bad_manifest",
                 f"version {version}: quantised under NVFP4 format {manifest.format_version}, this build reads "
-                f"format {NVFP4_FORMAT_VERSION} (DESIGN.md §2.2); re-publish it from the trainer",
+                f"format {NVFP4_FORMAT_VERSION} (docs/design.md §2.2); re-publish it from the trainer",
             )
         if manifest.total_bytes > self.max_bytes:
             raise WeightRejected(

@@ -1,4 +1,4 @@
-"""The two ends of weight transport (DESIGN.md §5): the trainer's :class:`WeightPublisherClient` and the
+"""The two ends of weight transport (docs/design.md §5): the trainer's :class:`WeightPublisherClient` and the
 sampler's :class:`WeightSubscriber`, both talking to the weight-sync service over gRPC.
 
 Every call carries a bearer token and a deadline; long streams also have a per-message deadline

@@ -1,7 +1,7 @@
 """Generation engines: the interface every engine implements, and the built-in PyTorch one.
 
 An engine only swaps weights between :meth:`Engine.generate` calls (``pause`` → ``update_weights`` →
-``resume``), so all tokens of a batch come from one ``policy_version`` (DESIGN.md §5). An external
+``resume``), so all tokens of a batch come from one ``policy_version`` (docs/design.md §5). An external
 engine (SGLang, :mod:`nibble.sampler.sglang`) is driven through the same four methods.
 """
 

@@ -1,4 +1,4 @@
-"""Turning one prompt's samples and rewards into a wire ``TrajectoryGroup`` (DESIGN.md §5)."""
+"""Turning one prompt's samples and rewards into a wire ``TrajectoryGroup`` (docs/design.md §5)."""
 
 from __future__ import annotations
 

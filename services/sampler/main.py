@@ -70,7 +70,7 @@ def builtin_engine(config, task):
     """Nibble's own engine on ``sampler.device``, with the warm start packed under the run's plan."""
     import torch
 
-    from nibble import devices
+    from nibble.config import devices
     from nibble.model import from_pretrained, load_config
     from nibble.recipe import PrecisionPlan
     from nibble.sampler.engine import BuiltinEngine

@@ -14,11 +14,10 @@ from pathlib import Path
 import grpc
 
 from nibble.config import RunConfig
-from nibble.evaluation import decode_response
 from nibble.metrics import Metrics
 from nibble.sampler.engine import Engine, EngineUnavailable
 from nibble.sampler.groups import build_group
-from nibble.tasks import Task
+from nibble.tasks import Task, decode_response
 from nibble.transport import (
     AdmissionCounter,
     StreamStalled,
@@ -66,7 +65,7 @@ class SamplerStats:
 class Sampler:
     """One sampler process's work. ``run()`` returns when ``stop`` is set.
 
-    Admission (AReaL's rule, DESIGN.md §5): a group may start while groups started ≤
+    Admission (AReaL's rule, docs/design.md §5): a group may start while groups started ≤
     ``(v + max_staleness + 1) × groups_per_version`` with ``v`` the trainer's version, so samplers never
     run more than ``max_staleness`` versions ahead of what the trainer will accept.
     """

@@ -4,7 +4,7 @@ and any CUDA GPU) or ``transformer_engine`` (Transformer Engine's NVFP4 recipe).
 The Transformer Engine backend is not built yet. It can only run where TE's NVFP4 recipe runs: TE's
 compiled core and a Blackwell GPU (compute capability 10.0 or above; TE refuses NVFP4 on Hopper, 9.0).
 Choosing it fails before anything starts with every missing piece named. Nibble's backend already follows
-TE 2.20.2's NVFP4 reference bit for bit (DESIGN.md §2.2), so a TE-trained policy and a Nibble sampler agree.
+TE 2.20.2's NVFP4 reference bit for bit (docs/design.md §2.2), so a TE-trained policy and a Nibble sampler agree.
 """
 
 from __future__ import annotations

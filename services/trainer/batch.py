@@ -1,4 +1,4 @@
-"""Batch assembly: whole GRPO groups from the stream into padded tensors (DESIGN.md §4–5)."""
+"""Batch assembly: whole GRPO groups from the stream into padded tensors (docs/design.md §4–5)."""
 
 from __future__ import annotations
 

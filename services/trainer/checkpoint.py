@@ -60,7 +60,8 @@ class TrainerState:
     trained: list[str] = field(default_factory=list)
     stale_dropped: list[str] = field(default_factory=list)
     eval_accuracy: float | None = None
-    provenance: dict = field(default_factory=dict)  # of the process that wrote the checkpoint (nibble.provenance)
+    # of the process that wrote the checkpoint (nibble.rundir.provenance)
+    provenance: dict = field(default_factory=dict)
 
 
 def save(

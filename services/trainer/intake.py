@@ -1,4 +1,4 @@
-"""What the trainer checks of a (decoded, valid) group before it joins a batch (DESIGN.md §5).
+"""What the trainer checks of a (decoded, valid) group before it joins a batch (docs/design.md §5).
 
 ``validate_group`` decides whether an entry is a well-formed group at all; this module decides whether
 *this* trainer can train on it: its tokens inside the model's vocabulary, prompt plus response inside

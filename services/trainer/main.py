@@ -38,7 +38,7 @@ def build(config, out: Path, stop: threading.Event):
     """
     import torch
 
-    from nibble import devices
+    from nibble.config import devices
     from nibble.metrics import Metrics
     from nibble.model import from_pretrained, load_config
     from nibble.recipe import PrecisionPlan, param_groups

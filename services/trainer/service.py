@@ -12,13 +12,13 @@ from pathlib import Path
 import torch
 
 from nibble.config import RunConfig
-from nibble.evaluation import EvaluationStopped, accuracy
 from nibble.metrics import Metrics
 from nibble.model import MoETransformer
-from nibble.provenance import provenance
 from nibble.recipe.export import published_state
-from nibble.stability import drift_headroom
+from nibble.rundir.provenance import provenance
+from nibble.simulator.drift_model import drift_headroom
 from nibble.tasks import Task
+from nibble.tasks.evaluation import EvaluationStopped, accuracy
 from nibble.trainer import checkpoint, sharded
 from nibble.trainer.batch import assemble
 from nibble.trainer.demand import sampler_demand
@@ -252,7 +252,7 @@ class Trainer:
         self.metrics.eval_accuracy.set(self.state.eval_accuracy)
 
     def checkpoint(self) -> None:
-        """Persist the step, then acknowledge and trim the entries it consumed (DESIGN.md §5)."""
+        """Persist the step, then acknowledge and trim the entries it consumed (docs/design.md §5)."""
         self.state.trained = self.ledger.ids()
         self.state.stale_dropped = self.dropped.ids()
         self.state.provenance = self.provenance

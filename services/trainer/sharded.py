@@ -2,7 +2,7 @@
 
 Every rank holds the whole consumed batch (rank 0 reads the stream and broadcasts it) and trains on its
 own share of whole groups. Each rank's loss is divided by the valid-token count of the whole update
-(DESIGN.md §4) and the gradients are summed over ranks (FSDP averages them, so each backward is scaled
+(docs/design.md §4) and the gradients are summed over ranks (FSDP averages them, so each backward is scaled
 by the world size): the update equals the single-process one. Parameters, gradients and AdamW state are
 sharded; the recipe is unchanged: each rank's forward all-gathers a layer's float32 master weights and
 quantises them as one process would. Run under ``torchrun --nproc-per-node N`` (NCCL on GPUs, gloo on

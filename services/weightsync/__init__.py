@@ -1,4 +1,4 @@
-"""The weight-sync service (DESIGN.md §5): versioned weight store, quantise-once, fan-out to samplers.
+"""The weight-sync service (docs/design.md §5): versioned weight store, quantise-once, fan-out to samplers.
 
 ``main`` is the entry point (``python -m nibble.weightsync --config FILE`` or ``nibble weightsync``);
 ``server`` holds the gRPC servers, ``store`` the versions on disk, ``quality`` what it measures of the

@@ -3,7 +3,7 @@
 (``nibble_four_over_six_fraction``), measured from the published and the quantised tensors.
 
 The format does not record the 4/6 choice, but it can be read back exactly: a block chose map-to-4
-iff its stored scale differs from its map-to-6 candidate ``e4m3(bmax / 6 · S)`` (DESIGN.md §2.3: when
+iff its stored scale differs from its map-to-6 candidate ``e4m3(bmax / 6 · S)`` (docs/design.md §2.3: when
 the two candidates are equal their errors tie, and ties keep map-to-6). Work goes one expert (or one
 slab of rows) at a time, so memory stays near one expert's float32 copy.
 """

@@ -1,4 +1,4 @@
-"""Weight-sync's gRPC servers (DESIGN.md §5).
+"""Weight-sync's gRPC servers (docs/design.md §5).
 
 The publish port serves ``WeightPublisher`` (and ``WeightSync.GetVersion``, so a resumed trainer can
 continue above the newest version) under the publish token; the sampler port serves ``WeightSync``

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.stability import VARIANTS, Setting, dumps, results_document, run_grid
-from nibble.stability_report import load_results, variant_rows
+from nibble.analysis.stability_report import load_results, variant_rows
 
 NIBBLE = str(Path(sys.executable).with_name("nibble"))
 TINY = Setting(steps=4, groups_per_step=2, group_size=4, groups_per_batch=1, max_new_tokens=8, max_staleness=2,

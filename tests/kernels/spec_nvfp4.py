@@ -1,4 +1,5 @@
-"""DESIGN.md §2.2–2.3 (TE's convention) written out literally in NumPy float32, as an independent second implementation.
+"""docs/design.md §2.2–2.3 (TE's convention) written out literally in NumPy float32, as an independent second
+implementation.
 
 NumPy evaluates each float32 array operation with one IEEE rounding and never fuses a multiply-add, so
 this follows the spec's operation order exactly. Rounding to E4M3/E2M1 is done by nearest-value search
@@ -43,7 +44,7 @@ def e4m3(x: np.ndarray) -> np.ndarray:
 
 
 def e2m1_codes(v: np.ndarray) -> np.ndarray:
-    """Sign bit for ``v < 0`` only: an exact −0.0 codes as +0 (DESIGN.md §2.1)."""
+    """Sign bit for ``v < 0`` only: an exact −0.0 codes as +0 (docs/design.md §2.1)."""
     mag = np.minimum(np.abs(v), F(6))
     return _nearest_even(mag, E2M1_VALUES) | ((v < 0).astype(np.int64) << 3)
 

@@ -1,4 +1,4 @@
-"""E2M1/E4M3 element codecs and nibble packing (DESIGN.md §2.1)."""
+"""E2M1/E4M3 element codecs and nibble packing (docs/design.md §2.1)."""
 
 import pytest
 import torch

@@ -1,7 +1,7 @@
 """The quantisers give identical bits on CUDA — the torch reference and the Triton kernels — and on the
-CPU reference (DESIGN.md §2's contract).
+CPU reference (docs/design.md §2's contract).
 
-The division and FMA traps of DESIGN.md §2 bite on CUDA first; this runs every mode on inputs that
+The division and FMA traps of docs/design.md §2 bite on CUDA first; this runs every mode on inputs that
 sit on and near rounding ties. Stochastic rounding is excluded: CPU and CUDA generators draw
 different streams by design.
 """

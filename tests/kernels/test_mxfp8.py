@@ -1,4 +1,4 @@
-"""MXFP8 against DESIGN.md §2.4: exact exponents, zero blocks, saturation, bad input."""
+"""MXFP8 against docs/design.md §2.4: exact exponents, zero blocks, saturation, bad input."""
 
 import pytest
 import torch

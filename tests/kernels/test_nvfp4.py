@@ -1,4 +1,4 @@
-"""NVFP4 quantisation against DESIGN.md §2.2–2.3: exact cases, bad input, stochastic rounding, properties."""
+"""NVFP4 quantisation against docs/design.md §2.2–2.3: exact cases, bad input, stochastic rounding, properties."""
 
 import warnings
 

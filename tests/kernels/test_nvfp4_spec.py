@@ -1,4 +1,4 @@
-"""The reference agrees bit for bit with a literal NumPy transcription of DESIGN.md §2.2–2.3.
+"""The reference agrees bit for bit with a literal NumPy transcription of docs/design.md §2.2–2.3.
 
 The inputs are chosen to be sensitive to operation order: amax values that are not powers of two
 (so ``1/S`` and ``amax/(6E)`` differ in the last bit), elements within a few ulps of E2M1 rounding

@@ -1,4 +1,4 @@
-"""Nibble's NVFP4 equals Transformer Engine 2.20.2's own reference quantiser bit for bit (DESIGN.md §2.2–2.3).
+"""Nibble's NVFP4 equals Transformer Engine 2.20.2's own reference quantiser bit for bit (docs/design.md §2.2–2.3).
 
 TE's ``NVFP4QuantizerRef`` is executed from the ``transformer-engine`` wheel (a test dependency; its
 compiled core is absent here) — codes, block-scale bytes, global decode scales and 4/6 choices are

@@ -1,4 +1,4 @@
-"""Agreement with torchao's NVFP4 and MXFP8 (an implementation nobody here wrote), DESIGN.md §2.5.
+"""Agreement with torchao's NVFP4 and MXFP8 (an implementation nobody here wrote), docs/design.md §2.5.
 
 torchao orders some float32 operations differently (e.g. it divides the block max by the per-tensor
 scale where we multiply by its reciprocal), so a block scale can differ by one E4M3 step in rare

@@ -1,4 +1,4 @@
-"""The Triton NVFP4 kernels against the torch reference (DESIGN.md §2's bit-exact contract).
+"""The Triton NVFP4 kernels against the torch reference (docs/design.md §2's bit-exact contract).
 
 On a CUDA machine they run compiled on the GPU; elsewhere under Triton's interpreter (set up in
 ``tests/conftest.py``), which executes the same kernel code on the CPU with correctly rounded float32

@@ -1,10 +1,10 @@
 """One running stack at ``max_staleness: 1`` — real processes, a real redis-server, real gRPC, real HTTP:
 
 - what the trainer trained stays within the staleness cap, and samplers never started more groups than
-  admission control allows (DESIGN.md §5), read back from the trainer's records and Redis's write log;
+  admission control allows (docs/design.md §5), read back from the trainer's records and Redis's write log;
 - bad inputs at the boundaries (garbage stream entries; corrupt, mis-shaped or unauthenticated weight
   publications) are refused and counted while every service keeps running;
-- a real Prometheus scrapes every DESIGN.md §6 metric, with its labels, from every service.
+- a real Prometheus scrapes every docs/design.md §6 metric, with its labels, from every service.
 
 The tests share the stack and run in file order: the first two while the trainer trains, the others
 after it stopped; each waits for the state it needs, so any one also runs alone.

@@ -33,7 +33,7 @@ def test_stubs_are_fresh(tmp_path):
 
 
 def test_stubs_require_no_newer_runtime_than_the_gpu_machine():
-    # grpcio 1.84 and protobuf 7.36 are what the H200 machine has (DESIGN.md §5).
+    # grpcio 1.84 and protobuf 7.36 are what the H200 machine has (docs/design.md §5).
     grpc_stub = (ROOT / "nibble" / "wire" / "nibble_pb2_grpc.py").read_text()
     assert "GRPC_GENERATED_VERSION = '1.84.0'" in grpc_stub
     pb_stub = (ROOT / "nibble" / "wire" / "nibble_pb2.py").read_text()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib.metadata
 import subprocess
 
-from nibble.provenance import config_hash
-from nibble.run_report import summarize
+from nibble.analysis.run_report import summarize
+from nibble.rundir.provenance import config_hash
 from nibble.rundir.segments import Segment
 from nibble.trainer import checkpoint
 from tests.reliability.conftest import InProcessTrainer, run_config

@@ -1,11 +1,11 @@
 // The simulator's model in JavaScript, for the interactive page: a line-for-line port of
-// nibble/stability.py, nibble/simulator/rng.py, timeline.py, dynamics.py and simulate.py.
+// nibble/simulator/drift_model.py, nibble/simulator/rng.py, timeline.py, dynamics.py and simulate.py.
 // Same operations in the same order on IEEE doubles, so a config and a seed give the same numbers as
 // Python (tests/nibble/simulator/test_page.py checks it in headless Chromium). Keep them in step.
 "use strict";
 
 const NibbleModel = (() => {
-  // ---- nibble/stability.py -------------------------------------------------------------------
+  // ---- nibble/simulator/drift_model.py -------------------------------------------------------
   const PRECISIONS = ["bf16", "mxfp8", "nvfp4"];
   const FLOOR_SCALE = 1.6, FLOOR_LAST_15_FACTOR = 0.625, FLOOR_SHARED_EXPERTS_FACTOR = 0.8;
   const FLOOR_NO_FOUR_OVER_SIX_PENALTY = 0.008;

@@ -6,7 +6,7 @@ exports for it (``weightsync.export_format``: ``<export_dir>/v<version, 20 digit
 readable at the same path by the server. The version Nibble stamps on a group is the one the server
 reports in every response's ``meta_info.weight_version``; a batch in which any response reports another
 version, or was generated across a weight update (``weight_versions`` with more than one span), is refused
-whole (DESIGN.md §5: a batch's tokens all come from one ``policy_version``).
+whole (docs/design.md §5: a batch's tokens all come from one ``policy_version``).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from tests.deploy.helm.kubernetes_models import problems
-from tests.deploy.helm.test_nibble_chart import NAMESPACE, ROOT, render
+from tests.deploy.helm.nibble_chart import NAMESPACE, ROOT, render
 
 ON = ("monitoring.grafanaDashboard.enabled=true", "monitoring.prometheusRule.enabled=true")
 

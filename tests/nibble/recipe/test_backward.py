@@ -1,4 +1,4 @@
-"""Backward modes of the quantised matmul (DESIGN.md §3) against their definitions."""
+"""Backward modes of the quantised matmul (docs/design.md §3) against their definitions."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""The precision plan of DESIGN.md §3: which weight runs in which format."""
+"""The precision plan of docs/design.md §3: which weight runs in which format."""
 
 import pytest
 from pydantic import ValidationError

@@ -1,4 +1,4 @@
-"""Group advantages (DESIGN.md §4) against hand-computed values and a per-group loop."""
+"""Group advantages (docs/design.md §4) against hand-computed values and a per-group loop."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Correction weights, valid tokens and mismatch metrics (DESIGN.md §4) on hand-computed values."""
+"""Correction weights, valid tokens and mismatch metrics (docs/design.md §4) on hand-computed values."""
 
 import math
 

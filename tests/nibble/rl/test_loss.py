@@ -1,4 +1,4 @@
-"""The policy loss (DESIGN.md §4) against hand-computed values, and its numerical guarantees.
+"""The policy loss (docs/design.md §4) against hand-computed values, and its numerical guarantees.
 
 The base batch (float64) has two responses and three positions; the last position of row 1 is padding.
 Per valid token, with ``r = exp(π_old − μ)`` and ``ρ = exp(π_θ − π_old)``:

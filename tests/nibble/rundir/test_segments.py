@@ -5,8 +5,8 @@ import time
 
 import pytest
 
+from nibble.analysis.run_report import describe, read_lines, summarize
 from nibble.config import load
-from nibble.run_report import describe, read_lines, summarize
 from nibble.rundir import RunRecord
 
 

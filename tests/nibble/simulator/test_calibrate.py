@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from nibble import stability
-from nibble.simulator import Calibration, SimConfig, load, published, simulate
+from nibble.simulator import Calibration, SimConfig, drift_model, load, published, simulate
 from nibble.simulator.calibrate import ARTICLE_PLAN, PUBLISHED_SOURCE, WEIGHT_SYNC_SOURCE
 from nibble.simulator.optimize import precision_plans, search
 
@@ -21,7 +20,7 @@ def write(path, data):
 
 def test_published_numbers_and_their_sources():
     cal = published()
-    assert cal.floors == stability.PUBLISHED_FLOORS
+    assert cal.floors == drift_model.PUBLISHED_FLOORS
     assert cal.rollout_seconds["nvfp4"] == 84.8 and cal.train_seconds["bf16"] == 64.3
     names = [name for name, _, _ in cal.rows()]
     assert len(names) == 4 + 4 + 5 + 1 and len(set(names)) == len(names)
@@ -46,7 +45,7 @@ def test_a_mismatch_file_replaces_only_what_it_holds_and_says_where_from(tmp_pat
     assert cal.sources["floors.mxfp8"] == PUBLISHED_SOURCE
     # The simulator uses them: the default NVFP4 + 4/6 run's floor and step time follow the file.
     summary = simulate(SimConfig(steps=10), cal, ghosts=False).summary()
-    expected = stability.precision_floor(
+    expected = drift_model.precision_floor(
         "nvfp4", four_over_six=True, bf16_last_15=True, bf16_shared_experts=True, floors=cal.floors
     )
     assert summary["precision_floor"] == expected
@@ -57,7 +56,7 @@ def test_floors_measured_under_another_plan_are_converted_so_the_model_reproduce
     plan = {"bf16_last_15": False, "bf16_shared_experts": True}
     cal = load([write(tmp_path / "m.json", {"plan": plan, "floors": {"mxfp8": 0.03}})])
     assert "converted to the table floor" in cal.sources["floors.mxfp8"]
-    model = stability.precision_floor("mxfp8", floors=cal.floors, **plan)
+    model = drift_model.precision_floor("mxfp8", floors=cal.floors, **plan)
     assert model == pytest.approx(0.03, abs=1e-15)
 
 
@@ -168,7 +167,7 @@ def rows(values: dict[str, float]) -> list[dict]:
 def article_floor(key: str, floors: dict[str, float]) -> float:
     """The model's floor of format ``key`` under the plan the article (and `nibble mismatch`'s rows) measured."""
     precision = "nvfp4" if key == "nvfp4_4o6" else key
-    return stability.precision_floor(precision, four_over_six=key == "nvfp4_4o6", floors=floors, **ARTICLE_PLAN)
+    return drift_model.precision_floor(precision, four_over_six=key == "nvfp4_4o6", floors=floors, **ARTICLE_PLAN)
 
 
 def test_nibble_mismatch_json_rows_calibrate_from_the_plain_bf16_article_plan_rows(tmp_path):
@@ -235,17 +234,17 @@ def test_bad_mismatch_rows_name_the_file_and_the_field(tmp_path, content, messag
 def test_nvfp4_without_four_over_six_reproduces_its_measurement_under_the_measured_plan(tmp_path):
     # The model adds 0.008 for NVFP4 without 4/6 on top of the table floor: the conversion takes it off.
     cal = load([write(tmp_path / "m.json", {"floors": {"nvfp4": 0.03}})])
-    model = stability.precision_floor("nvfp4", four_over_six=False, floors=cal.floors, **ARTICLE_PLAN)
+    model = drift_model.precision_floor("nvfp4", four_over_six=False, floors=cal.floors, **ARTICLE_PLAN)
     assert model == pytest.approx(0.03, abs=1e-15)
     assert "+0.008 for NVFP4 without 4/6 taken off" in cal.sources["floors.nvfp4"]
     for last_15, shared in itertools.product((False, True), repeat=2):
         plan = {"bf16_last_15": last_15, "bf16_shared_experts": shared}
         cal = load([write(tmp_path / "p.json", {"plan": plan, "floors": {"nvfp4": 0.045}})])
-        assert stability.precision_floor("nvfp4", floors=cal.floors, **plan) == pytest.approx(0.045, abs=1e-15)
+        assert drift_model.precision_floor("nvfp4", floors=cal.floors, **plan) == pytest.approx(0.045, abs=1e-15)
     # The same through a run summary (NVFP4, 4/6 off).
     write(tmp_path / "summary.json", {"precision": "nvfp4", "four_over_six": None, "fresh_logprob_abs_diff_mean": 0.03})
     cal = load([tmp_path])
-    assert stability.precision_floor("nvfp4", floors=cal.floors, **ARTICLE_PLAN) == pytest.approx(0.03, abs=1e-15)
+    assert drift_model.precision_floor("nvfp4", floors=cal.floors, **ARTICLE_PLAN) == pytest.approx(0.03, abs=1e-15)
 
 
 def test_floors_below_bf16_s_are_clamped_to_it_with_a_note_and_every_plan_runs(tmp_path):
@@ -256,7 +255,7 @@ def test_floors_below_bf16_s_are_clamped_to_it_with_a_note_and_every_plan_runs(t
     assert cal.sources["floors.mxfp8"].startswith(f"{PUBLISHED_SOURCE}; clamped from 0.0203")
     for plan in precision_plans():
         plan = {k: v for k, v in plan.items() if k != "dequantized_backward"}
-        assert stability.precision_floor(floors=cal.floors, **plan) >= 0.5, plan
+        assert drift_model.precision_floor(floors=cal.floors, **plan) >= 0.5, plan
     candidates = search(SimConfig(steps=10), cal, seeds=1, max_samplers=1)  # used to fail: m_eff=-0.157…
     assert len(candidates) == 25 * 9 and not any(c.stable for c in candidates)
     # A small model's floor below the published BF16 floor: clamped, and the model's floor is BF16's.
@@ -270,7 +269,7 @@ def test_the_bf16_floor_of_a_later_file_converts_the_floors_of_an_earlier_one(tm
     first = write(tmp_path / "a.json", {"plan": plan, "floors": {"mxfp8": 0.03}})
     second = write(tmp_path / "b.json", {"floors": {"bf16": 0.005}})
     cal = load([first, second])
-    assert stability.precision_floor("mxfp8", floors=cal.floors, **plan) == pytest.approx(0.03, abs=1e-15)
+    assert drift_model.precision_floor("mxfp8", floors=cal.floors, **plan) == pytest.approx(0.03, abs=1e-15)
 
 
 def test_a_calibration_is_checked_on_construction():
@@ -304,8 +303,8 @@ def test_a_summary_with_nibble_s_own_plan_values(tmp_path):
 
 
 def test_the_summary_nibble_run_writes(tmp_path):
+    from nibble.analysis.run_report import summarize
     from nibble.config import PlanConfig, RunConfig, TrainerConfig
-    from nibble.run_report import summarize
     from nibble.rundir import Segment
 
     config = RunConfig(
@@ -325,7 +324,7 @@ def test_the_summary_nibble_run_writes(tmp_path):
     # No staleness-0 mean: the all-token one, flagged; the plan (last 15% and shared experts BF16) comes from
     # config.plan, and the model gives back the measurement for it.
     plan = {"bf16_last_15": True, "bf16_shared_experts": True}
-    model = stability.precision_floor("nvfp4", four_over_six=True, floors=cal.floors, **plan)
+    model = drift_model.precision_floor("nvfp4", four_over_six=True, floors=cal.floors, **plan)
     assert model == pytest.approx(0.032, abs=1e-15)
     source = cal.sources["floors.nvfp4_4o6"]
     assert source.startswith(f"{tmp_path / 'summary.json'}: logprob_abs_diff_mean (all tokens of a run with max_st")

@@ -2,8 +2,7 @@
 
 import pytest
 
-from nibble import stability
-from nibble.simulator import SimConfig, simulate
+from nibble.simulator import SimConfig, drift_model, simulate
 from tests.helpers import NO_RECIPE
 
 SEEDS = range(20)
@@ -52,7 +51,7 @@ def test_ghosts_are_the_other_precisions_with_the_same_knobs():
 def test_summary_reports_the_floor_critical_mismatch_and_headroom():
     summary = simulate(SimConfig(), ghosts=False).summary()
     assert summary["precision_floor"] == pytest.approx(0.0271)  # NVFP4 + 4/6, last 15% and shared BF16
-    assert summary["drift_headroom"] == pytest.approx(stability.critical_mismatch() - summary["steady_mismatch"])
+    assert summary["drift_headroom"] == pytest.approx(drift_model.critical_mismatch() - summary["steady_mismatch"])
     assert summary["verdict"] in ("stable", "will_diverge", "diverged")
 
 

@@ -232,7 +232,7 @@ affinity:
       key: {{ index . 2 }}
 {{- end -}}
 
-{{/* A Nibble service's environment: only the secrets its role needs (DESIGN.md §5: separate publish
+{{/* A Nibble service's environment: only the secrets its role needs (docs/design.md §5: separate publish
 and fetch tokens), then the role's extraEnv. Argument: (list $ "role" role-values). */}}
 {{- define "nibble.env" -}}
 {{- $root := index . 0 -}}{{- $role := index . 1 -}}{{- $values := index . 2 -}}

@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from nibble import devices
-from nibble.config import RunConfig, load
+from nibble.config import RunConfig, devices, load
 from nibble.launcher import check_devices
 
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 
-from nibble.evaluation import accuracy
 from nibble.model import MoETransformer, tiny
 from nibble.model.scoring import score
 from nibble.tasks import Task
+from nibble.tasks.evaluation import accuracy
 
 SFT_RECORD = "nibble_sft.json"
 

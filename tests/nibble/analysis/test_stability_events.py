@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from nibble.stability_events import collapse_step, judged_steps, spike_steps
+from nibble.analysis.stability_events import collapse_step, judged_steps, spike_steps
 
 FLAT = [1.0] * 30
 

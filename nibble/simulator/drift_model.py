@@ -1,4 +1,4 @@
-"""The throughput–stability model of DESIGN.md §7, written once.
+"""The throughput–stability model of docs/design.md §7, written once.
 
 Source: the interactive "RL training simulator" of *The 4-Bitter Lesson: balancing stability and
 performance in NVFP4 RL* (humans&, July 2026). Only the precision floors and step times are measurements
@@ -8,7 +8,7 @@ module, and the simulator's interactive page ports these functions to JavaScript
 keep the three in step.
 
 Units: a *mismatch* is a mean absolute train–rollout log-probability difference per token (nats, the
-``logprob_abs_diff`` of DESIGN.md §4); *drift* is dimensionless; seconds are wall-clock seconds per
+``logprob_abs_diff`` of docs/design.md §4); *drift* is dimensionless; seconds are wall-clock seconds per
 train step. Pure Python (no numpy, no torch), so the command line starts fast; every formula uses only
 ``+ − × ÷`` and ``sqrt``, which IEEE 754 rounds identically in Python and JavaScript.
 """
@@ -133,7 +133,7 @@ def precision_floor(
     bf16_shared_experts: bool = False,
     floors: dict[str, float] | None = None,
 ) -> float:
-    """Train–rollout mismatch floor ``f`` of a precision plan (nats per token; DESIGN.md §7).
+    """Train–rollout mismatch floor ``f`` of a precision plan (nats per token; docs/design.md §7).
 
     ``f = f_bf16 + (f_format − f_bf16) · 1.6 · (0.625 if last 15% BF16) · (0.8 if shared experts BF16)``,
     plus 0.008 for NVFP4 without four-over-six. ``f_format`` is the NVFP4 + 4/6 floor when four-over-six

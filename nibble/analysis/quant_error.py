@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from nibble.kernels import mxfp8, nvfp4
-from nibble.weights import read_safetensors, safetensors_files, safetensors_shapes
+from nibble.model.safetensors_io import read_safetensors, safetensors_files, safetensors_shapes
 
 # Every format of the report needs K % 32 == 0 (MXFP8's block); smaller-block formats then fit too.
 REPORT_BLOCK = mxfp8.MXFP8_BLOCK
@@ -75,7 +75,7 @@ class WeightSource:
     in ``skipped``. Opening checks the path at once, so a bad path fails before any work.
 
     Raises:
-        ValueError: (from :func:`nibble.weights.safetensors_files`) for a missing path or a directory
+        ValueError: (from :func:`nibble.model.safetensors_io.safetensors_files`) for a missing path or a directory
             without safetensors files.
     """
 

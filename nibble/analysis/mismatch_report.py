@@ -3,7 +3,7 @@
 For each plan, the sampler (packed weights) samples responses and records ``μ``; the trainer scores
 the same tokens either with the same quantised forward (the bit-exact contract: ``δ`` should be 0
 up to BLAS ordering) or in plain BF16 (what a trainer without the recipe's quantised forward sees).
-``δ = π_trainer − μ``; metrics follow DESIGN.md §4: ``logprob_abs_diff = mean|δ|`` and the k3
+``δ = π_trainer − μ``; metrics follow docs/design.md §4: ``logprob_abs_diff = mean|δ|`` and the k3
 estimate ``mismatch_kl = mean(exp(δ) − δ − 1)``.
 """
 
@@ -21,8 +21,8 @@ from nibble.model import MoETransformer, from_pretrained, load_config
 from nibble.model.generate import generate
 from nibble.model.scoring import score
 from nibble.recipe import PrecisionPlan
-from nibble.sft import SFT_RECORD
 from nibble.tasks import Task, get_task
+from nibble.warmstart.sft import SFT_RECORD
 
 
 @dataclass(frozen=True)

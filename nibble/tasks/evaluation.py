@@ -8,19 +8,12 @@ import torch
 
 from nibble.model.generate import generate
 from nibble.model.transformer import MoETransformer
-from nibble.tasks import Example, Task
+from nibble.tasks.base import Example, Task
+from nibble.tasks.decoding import decode_response
 
 
 class EvaluationStopped(Exception):
     """``should_stop`` said so between two batches of :func:`accuracy`."""
-
-
-def decode_response(task: Task, tokens: Sequence[int]) -> str:
-    """Response text without the end-of-sequence token that closed it."""
-    ids = list(tokens)
-    if ids and ids[-1] == task.tokenizer.eos_id:
-        ids = ids[:-1]
-    return task.tokenizer.decode(ids)
 
 
 @torch.no_grad()

@@ -1,7 +1,7 @@
 """``nibble report stability``'s library: read a stability results JSON, summarise it per variant, plot it.
 
 The results come from ``benchmarks/stability.py`` (one run per variant × seed, one record per trainer
-step); the event definitions (spikes, collapses) live in :mod:`nibble.stability_events`. Every number in
+step); the event definitions (spikes, collapses) live in :mod:`nibble.analysis.stability_events`. Every number in
 the table is the mean over seeds with the sample standard deviation across seeds beside it.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean, stdev
 
-from nibble.stability_events import COLLAPSE_DROP, collapse_step, judged_steps, spike_steps
+from nibble.analysis.stability_events import COLLAPSE_DROP, collapse_step, judged_steps, spike_steps
 
 FINAL_WINDOW = 10  # "final reward" = mean batch reward over the last this-many steps
 

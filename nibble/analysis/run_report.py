@@ -13,8 +13,8 @@ from pathlib import Path
 from statistics import fmean
 
 from nibble.config import RunConfig
-from nibble.provenance import provenance
 from nibble.rundir import Segment
+from nibble.rundir.provenance import provenance
 
 
 def read_lines(out: Path) -> list[dict]:
