@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from nibble.model.config import ModelConfig
-from nibble.transport.validate import TEMPERATURE_MISMATCH, TOKEN_OUT_OF_VOCAB, TOO_LONG
+from nibble.monitoring.reasons import TEMPERATURE_MISMATCH, TOKEN_OUT_OF_VOCAB, TOO_LONG
 from nibble.wire import pb
 
 

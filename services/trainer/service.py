@@ -13,8 +13,8 @@ import torch
 
 from nibble.config import RunConfig
 from nibble.evaluation import EvaluationStopped, accuracy
-from nibble.metrics import Metrics
 from nibble.model import MoETransformer
+from nibble.monitoring.metrics import Metrics
 from nibble.provenance import provenance
 from nibble.recipe.export import published_state
 from nibble.stability import drift_headroom
@@ -25,8 +25,9 @@ from nibble.trainer.demand import sampler_demand
 from nibble.trainer.intake import untrainable_reason
 from nibble.trainer.sharded import Shard
 from nibble.trainer.step import StepResult, train_on_batch
-from nibble.transport import AdmissionCounter, StreamEntry, TrajectoryReader, WeightPublisherClient
-from nibble.transport.presence import SamplerRegistry
+from nibble.transport.stream import AdmissionCounter, StreamEntry, TrajectoryReader
+from nibble.transport.stream.presence import SamplerRegistry
+from nibble.transport.weights import WeightPublisher
 
 log = logging.getLogger("nibble.trainer")
 
@@ -68,7 +69,7 @@ class Trainer:
         state: checkpoint.TrainerState,
         reader: TrajectoryReader | None,
         admission: AdmissionCounter | None,
-        publisher: WeightPublisherClient | None,
+        publisher: WeightPublisher | None,
         metrics: Metrics,
         out: Path,
         stop: threading.Event | None = None,

@@ -30,8 +30,8 @@ import torch
 from google.protobuf.message import DecodeError
 
 from nibble.kernels.tensors import NVFP4_FORMAT_VERSION
-from nibble.transport.frames import chunk_frame_prefix
-from nibble.transport.weights import check_chunk_bytes, encode
+from nibble.transport.weights.frames import chunk_frame_prefix
+from nibble.transport.weights.payload import check_chunk_bytes, encode
 from nibble.wire import pb
 
 log = logging.getLogger(__name__)

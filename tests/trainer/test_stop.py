@@ -8,8 +8,8 @@ import torch
 
 from nibble.config import load
 from nibble.evaluation import EvaluationStopped, accuracy
-from nibble.metrics import Metrics
 from nibble.model import MoETransformer, tiny
+from nibble.monitoring.metrics import Metrics
 from nibble.recipe import PrecisionPlan
 from nibble.tasks import get_task
 from nibble.trainer.checkpoint import TrainerState, latest

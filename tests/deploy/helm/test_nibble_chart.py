@@ -20,7 +20,7 @@ import yaml
 
 from nibble.config import RedisConfig, RunConfig, load
 from nibble.launcher import Cluster, free_port
-from nibble.transport import connect
+from nibble.transport.stream import connect
 from tests.deploy.helm.kubernetes_models import problems
 
 ROOT = Path(__file__).resolve().parents[3]
