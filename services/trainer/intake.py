@@ -19,7 +19,7 @@ def untrainable_reason(group: pb.TrajectoryGroup, model: ModelConfig, temperatur
     """Why the trainer cannot train on ``group`` (``"<code>: <detail>"``), or ``None``.
 
     Args:
-        group: a group that passed :func:`nibble.transport.validate.validate_group`.
+        group: a group that passed :func:`nibble.transport.stream.validate.validate_group`.
         model: the trained model's configuration (``vocab_size``, ``max_position_embeddings``).
         temperature: the sampling temperature the trainer scores with (``sampler.temperature``).
     """

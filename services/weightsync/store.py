@@ -216,7 +216,7 @@ def _verify(path: Path) -> StoredVersion:
             digest = hashlib.sha256(chunk.data).digest()
             if digest.hex() != chunk.checksum:
                 raise ValueError(f"chunk {number} does not match its checksum")
-            whole.update(digest)  # the manifest's digest is over the chunks' digests (nibble.transport.weights)
+            whole.update(digest)  # the manifest's digest is over the chunks' digests (nibble.transport.weights.payload)
         if handle.read(1):
             raise ValueError(f"{CHUNKS} is longer than its index")
     if whole.hexdigest() != manifest.digest:

@@ -1,9 +1,5 @@
-"""The trainer's end of weight transport (DESIGN.md §5): publishes each version to weight-sync over gRPC.
-
-Every call carries a bearer token and a deadline; a publication also has a per-chunk deadline
-(``rpc_timeout``), so a stalled server is noticed in seconds rather than at the end of the whole stream's
-deadline.
-"""
+"""The trainer's end of weight transport over gRPC (DESIGN.md §5): publishes each version to weight-sync.
+Deadlines, tokens and retries are :class:`~nibble.transport.weights.client.GrpcClient`'s."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The sampler's end of weight transport (DESIGN.md §5): watches weight-sync for new versions and fetches
-them over gRPC, verified.
-
-Every call carries a bearer token and a deadline; a fetch also has a per-chunk deadline (``rpc_timeout``),
-so a stalled server is noticed in seconds rather than at the end of the whole stream's deadline.
-"""
+"""The sampler's end of weight transport over gRPC (DESIGN.md §5): watches weight-sync for new versions and
+fetches them, verified. Deadlines, tokens and retries are :class:`~nibble.transport.weights.client.GrpcClient`'s."""
 
 from __future__ import annotations
 
