@@ -30,7 +30,7 @@ import yaml
 
 from benchmarks.machine import describe
 from nibble.recipe import PrecisionPlan
-from nibble.transport import WeightPublisherClient, WeightSubscriber
+from nibble.transport.weights import GrpcWeightPublisher, GrpcWeightSubscriber
 
 TARGET_GBPS = 1.0
 PUBLISH_TOKEN, FETCH_TOKEN = "bench-publish", "bench-fetch"
@@ -62,7 +62,7 @@ def synthetic_state(gb: float, hidden: int = 1024, experts: int = 16, vocab: int
 def sampler(target: str, after: int, rounds: int, results: mp.Queue, ready: mp.Event) -> None:
     """One sampler process: watch, fetch, apply ``rounds`` versions; report timestamps (unix seconds)."""
     torch.set_num_threads(1)
-    subscriber = WeightSubscriber(target, FETCH_TOKEN, sampler_id=f"bench-{os.getpid()}")
+    subscriber = GrpcWeightSubscriber(target, FETCH_TOKEN, sampler_id=f"bench-{os.getpid()}")
     subscriber.latest_version()  # connected before the first publication
     ready.set()
     applied: dict[str, torch.Tensor] = {}
@@ -194,7 +194,7 @@ def main() -> None:
         log = Path(tmp) / "weightsync.log"
         service, ports = start_service(Path(tmp) / "store", args.threads, log)
         try:
-            publisher = WeightPublisherClient(f"127.0.0.1:{ports['publish_port']}", PUBLISH_TOKEN)
+            publisher = GrpcWeightPublisher(f"127.0.0.1:{ports['publish_port']}", PUBLISH_TOKEN)
             target = f"127.0.0.1:{ports['port']}"
             for plan_name, plan in plans.items():
                 for n in (int(s) for s in args.samplers.split(",")):

@@ -390,8 +390,8 @@ def corrupted(items: list[pb.WeightStreamItem], how: str) -> list[pb.WeightStrea
 def raw_publish(target: str, items: Iterable[pb.WeightStreamItem], token: str | None) -> pb.PublishReply:
     """Send hand-made stream items to weight-sync's publish port at ``target`` (``host:port``), to corrupt
     them; returns the reply or raises grpc.RpcError."""
-    from nibble.transport import bearer_metadata
-    from nibble.transport.grpc_util import open_channel
+    from nibble.transport.weights import bearer_metadata
+    from nibble.transport.weights.grpc_util import open_channel
     from nibble.wire import rpc
 
     with open_channel(target) as channel:

@@ -20,7 +20,7 @@ UrlOption = Annotated[str | None, typer.Option("--redis-url", help="override red
 
 def _connect(config_path: Path | None, redis_url: str | None):
     from nibble.config import load
-    from nibble.transport import connect
+    from nibble.transport.stream import connect
 
     config = load(config_path).redis
     if redis_url is not None:
@@ -37,7 +37,7 @@ def list_command(
     reason: Annotated[str | None, typer.Option(help="only this reason code, e.g. token_out_of_vocab")] = None,
 ) -> None:
     """One line per dead-letter entry: its id, reason code, original id, size and detail."""
-    from nibble.transport.deadletter import list_dead_letters
+    from nibble.transport.stream.deadletter import list_dead_letters
 
     client, redis_config = _connect(config, redis_url)
     letters = [x for x in list_dead_letters(client, redis_config, count) if reason in (None, x.code)]
@@ -55,7 +55,7 @@ def show_command(
 ) -> None:
     """The entry's reason and its payload decoded as a trajectory group (JSON), or its size when it does not
     decode."""
-    from nibble.transport.deadletter import get_dead_letter
+    from nibble.transport.stream.deadletter import get_dead_letter
 
     client, redis_config = _connect(config, redis_url)
     letter = get_dead_letter(client, redis_config, entry_id)
@@ -78,7 +78,7 @@ def replay_command(
 ) -> None:
     """Put entries back on the trajectory stream (the trainer checks them again: one still unusable comes
     back here) and remove them from the dead-letter stream."""
-    from nibble.transport.deadletter import get_dead_letter, list_dead_letters, replay
+    from nibble.transport.stream.deadletter import get_dead_letter, list_dead_letters, replay
 
     client, redis_config = _connect(config, redis_url)
     if entry_ids:

@@ -38,7 +38,10 @@ class RunConfig(Section):
                 f"redis.queue_capacity={r.queue_capacity} < trainer.groups_per_step={t.groups_per_step}: "
                 "samplers would pause before the trainer has a full batch"
             )
-        allowed = (t.max_staleness + 1) * t.groups_per_step * t.publish_every
+        from nibble.transport.stream.admission import allowed_groups  # here: that module imports this one
+
+        # At version 0 the rule gives one version's window: what samplers may start before a publication.
+        allowed = allowed_groups(0, t.max_staleness, t.groups_per_step * t.publish_every)
         if self.sampler.groups_per_batch > allowed:
             raise ValueError(
                 f"sampler.groups_per_batch={self.sampler.groups_per_batch} exceeds what admission control allows "

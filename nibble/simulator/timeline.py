@@ -1,9 +1,9 @@
 """The event-level timeline: samplers generate, a queue holds trajectories, the trainer consumes batches.
 
 Rules (docs/design.md §5, simplified to one trajectory group per sampler at a time):
-- Admission control (AReaL's rule): a sampler may start a group while ``started − discarded <
-  (v + max_staleness + 1) · batch``, ``v`` the trainer's version; ``max_staleness = 0`` generates exactly
-  one batch per version.
+- Admission control (AReaL's rule, :func:`nibble.transport.stream.admission.allowed_groups`): a sampler
+  may start a group while ``started − discarded < (v + max_staleness + 1) · batch``, ``v`` the trainer's
+  version; ``max_staleness = 0`` generates exactly one batch per version.
 - A sampler holding an older version than the newest published one swaps before its next rollout; with
   ``weight_sync`` on, the swap pauses it for ``weight_sync_seconds``. With ``inflight_updates`` every
   sampler swaps at the publish instead, pausing its rollout in flight, whose later tokens use the new
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from nibble.simulator.config import HORIZONS, SimConfig
 from nibble.simulator.rng import TIMELINE_STREAM, Mulberry32
+from nibble.transport.stream.admission import allowed_groups
 
 IDLE, GENERATING, SYNCING, PAUSED = "idle", "generating", "syncing", "paused"
 
@@ -202,7 +203,7 @@ class _Run:
 
     def full(self) -> bool:
         """Admission control: no new group while ``started − discarded ≥ (v + max_staleness + 1) · batch``."""
-        return self.admitted >= (self.version + self.config.max_staleness + 1) * self.config.batch
+        return self.admitted >= allowed_groups(self.version, self.config.max_staleness, self.config.batch)
 
     def length_fraction(self) -> float:
         """Share of the length budget this response uses: ``min(1, min_fraction · Pareto(tail))``."""

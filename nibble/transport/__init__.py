@@ -1,44 +1,8 @@
-"""Transports between the services (docs/design.md §1, §5): the trajectory stream on Redis with admission
-control (sampler → trainer), and weight chunking, checksums, tokens and gRPC clients (trainer →
-weight-sync → samplers)."""
+"""Transports between the services (docs/design.md §1, §5), one subpackage per medium, each an interface plus
+its implementation:
 
-from nibble.transport.admission import AdmissionCounter, allowed_groups
-from nibble.transport.auth import BearerTokenInterceptor, bearer_metadata, read_token
-from nibble.transport.connection import RedisUnavailable, connect, read_password, retrying
-from nibble.transport.stream import StreamEntry, TrajectoryReader, TrajectoryWriter, undelivered
-from nibble.transport.validate import REASONS, reason_code, validate_group
-from nibble.transport.weights import WeightAssembler, WeightRejected, stream_items
-from nibble.transport.weights_client import (
-    StreamStalled,
-    WeightPublisherClient,
-    WeightSubscriber,
-    publisher_from_config,
-    subscriber_from_config,
-)
-
-__all__ = [
-    "REASONS",
-    "AdmissionCounter",
-    "BearerTokenInterceptor",
-    "RedisUnavailable",
-    "StreamEntry",
-    "StreamStalled",
-    "TrajectoryReader",
-    "TrajectoryWriter",
-    "WeightAssembler",
-    "WeightPublisherClient",
-    "WeightRejected",
-    "WeightSubscriber",
-    "allowed_groups",
-    "bearer_metadata",
-    "connect",
-    "publisher_from_config",
-    "read_password",
-    "read_token",
-    "reason_code",
-    "retrying",
-    "stream_items",
-    "subscriber_from_config",
-    "undelivered",
-    "validate_group",
-]
+- :mod:`nibble.transport.stream`: the trajectory stream (sampler → trainer) — ``TrajectoryWriter`` /
+  ``TrajectoryReader`` on Redis, with admission control, validation, dead letters and sampler presence.
+- :mod:`nibble.transport.weights`: weight transfer (trainer → weight-sync → samplers) — ``WeightPublisher``
+  / ``WeightSubscriber`` over gRPC, with the chunked payload format, its assembler, tokens and TLS.
+"""

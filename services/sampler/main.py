@@ -30,11 +30,12 @@ def build(config, name: str, out: Path | None):
     Raises:
         ValueError: a device, checkpoint, metrics address or SGLang server that cannot be used, named.
     """
-    from nibble.metrics import Metrics
+    from nibble.monitoring.metrics import Metrics
     from nibble.sampler.service import Sampler
     from nibble.tasks import get_task
-    from nibble.transport import AdmissionCounter, TrajectoryWriter, connect, subscriber_from_config
-    from nibble.transport.presence import SamplerRegistry
+    from nibble.transport.stream import AdmissionCounter, RedisTrajectoryWriter, connect
+    from nibble.transport.stream.presence import SamplerRegistry
+    from nibble.transport.weights import subscriber_from_config
 
     s = config.sampler
     task = get_task(config.task.name, **config.task.options)
@@ -56,7 +57,7 @@ def build(config, name: str, out: Path | None):
         config,
         task,
         engine,
-        TrajectoryWriter(client, config.redis),
+        RedisTrajectoryWriter(client, config.redis),
         AdmissionCounter(client, config.redis),
         subscriber,
         metrics,
@@ -137,7 +138,7 @@ def stats_file(out: Path | None, name: str) -> Path | None:
 def main(argv: list[str] | None = None) -> int:
     args, config = parse(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.name} %(levelname)s %(message)s")
-    from nibble.transport.health import start_health
+    from nibble.transport.weights.health import start_health
 
     health = start_health(config.sampler.metrics_host, config.sampler.health_port)
     try:

@@ -14,19 +14,14 @@ from pathlib import Path
 import grpc
 
 from nibble.config import RunConfig
-from nibble.metrics import Metrics
+from nibble.tasks import decode_response
+from nibble.monitoring.metrics import Metrics
 from nibble.sampler.engine import Engine, EngineUnavailable
 from nibble.sampler.groups import build_group
-from nibble.tasks import Task, decode_response
-from nibble.transport import (
-    AdmissionCounter,
-    StreamStalled,
-    TrajectoryWriter,
-    WeightRejected,
-    WeightSubscriber,
-    allowed_groups,
-)
-from nibble.transport.presence import SamplerRegistry
+from nibble.tasks import Task
+from nibble.transport.stream import AdmissionCounter, TrajectoryWriter, allowed_groups
+from nibble.transport.stream.presence import SamplerRegistry
+from nibble.transport.weights import StreamStalled, WeightRejected, WeightSubscriber
 
 log = logging.getLogger("nibble.sampler")
 

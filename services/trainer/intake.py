@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from nibble.model.config import ModelConfig
-from nibble.transport.validate import TEMPERATURE_MISMATCH, TOKEN_OUT_OF_VOCAB, TOO_LONG
+from nibble.monitoring.reasons import TEMPERATURE_MISMATCH, TOKEN_OUT_OF_VOCAB, TOO_LONG
 from nibble.wire import pb
 
 
@@ -19,7 +19,7 @@ def untrainable_reason(group: pb.TrajectoryGroup, model: ModelConfig, temperatur
     """Why the trainer cannot train on ``group`` (``"<code>: <detail>"``), or ``None``.
 
     Args:
-        group: a group that passed :func:`nibble.transport.validate.validate_group`.
+        group: a group that passed :func:`nibble.transport.stream.validate.validate_group`.
         model: the trained model's configuration (``vocab_size``, ``max_position_embeddings``).
         temperature: the sampling temperature the trainer scores with (``sampler.temperature``).
     """

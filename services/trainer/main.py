@@ -39,8 +39,8 @@ def build(config, out: Path, stop: threading.Event):
     import torch
 
     from nibble.config import devices
-    from nibble.metrics import Metrics
     from nibble.model import from_pretrained, load_config
+    from nibble.monitoring.metrics import Metrics
     from nibble.recipe import PrecisionPlan, param_groups
     from nibble.tasks import get_task
     from nibble.trainer import checkpoint, sharded
@@ -102,8 +102,9 @@ def build(config, out: Path, stop: threading.Event):
 def _connect(config, metrics):
     """Rank 0's links to the outside (metrics endpoint, the stream, admission, live samplers, weight-sync)
     and the highest policy version ever published (:func:`highest_published`)."""
-    from nibble.transport import AdmissionCounter, TrajectoryReader, connect, publisher_from_config
-    from nibble.transport.presence import SamplerRegistry
+    from nibble.transport.stream import AdmissionCounter, RedisTrajectoryReader, connect
+    from nibble.transport.stream.presence import SamplerRegistry
+    from nibble.transport.weights import publisher_from_config
 
     keys = ("trainer.metrics_host", "trainer.metrics_port")
     port = metrics.serve(config.trainer.metrics_port, config.trainer.metrics_host, keys=keys).server_port
@@ -115,7 +116,7 @@ def _connect(config, metrics):
         metrics.dead_lettered.labels(reason=reason).inc()
         admission.release(1)  # a dead-lettered group will never be trained: its slot comes back
 
-    reader = TrajectoryReader(client, config.redis, consumer="trainer", on_dead_letter=on_dead_letter)
+    reader = RedisTrajectoryReader(client, config.redis, consumer="trainer", on_dead_letter=on_dead_letter)
     publisher = publisher_from_config(config.weightsync)
     services = (reader, admission, SamplerRegistry(client, config.redis), publisher)
     return services, highest_published(publisher, admission)
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from nibble.transport.health import start_health
+    from nibble.transport.weights.health import start_health
 
     # Rank 0 alone answers health checks (one port per pod); it is SERVING once everything is built.
     health = start_health(config.trainer.metrics_host, config.trainer.health_port) if trainer.leader else None

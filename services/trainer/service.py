@@ -12,21 +12,22 @@ from pathlib import Path
 import torch
 
 from nibble.config import RunConfig
-from nibble.metrics import Metrics
+from nibble.tasks.evaluation import EvaluationStopped, accuracy
 from nibble.model import MoETransformer
-from nibble.recipe.export import published_state
+from nibble.monitoring.metrics import Metrics
 from nibble.rundir.provenance import provenance
+from nibble.recipe.export import published_state
 from nibble.simulator.drift_model import drift_headroom
 from nibble.tasks import Task
-from nibble.tasks.evaluation import EvaluationStopped, accuracy
 from nibble.trainer import checkpoint, sharded
 from nibble.trainer.batch import assemble
 from nibble.trainer.demand import sampler_demand
 from nibble.trainer.intake import untrainable_reason
 from nibble.trainer.sharded import Shard
 from nibble.trainer.step import StepResult, train_on_batch
-from nibble.transport import AdmissionCounter, StreamEntry, TrajectoryReader, WeightPublisherClient
-from nibble.transport.presence import SamplerRegistry
+from nibble.transport.stream import AdmissionCounter, StreamEntry, TrajectoryReader
+from nibble.transport.stream.presence import SamplerRegistry
+from nibble.transport.weights import WeightPublisher
 
 log = logging.getLogger("nibble.trainer")
 
@@ -68,7 +69,7 @@ class Trainer:
         state: checkpoint.TrainerState,
         reader: TrajectoryReader | None,
         admission: AdmissionCounter | None,
-        publisher: WeightPublisherClient | None,
+        publisher: WeightPublisher | None,
         metrics: Metrics,
         out: Path,
         stop: threading.Event | None = None,

@@ -2,6 +2,6 @@
 
 ``main`` is the entry point (``python -m nibble.weightsync --config FILE`` or ``nibble weightsync``);
 ``server`` holds the gRPC servers, ``store`` the versions on disk, ``quality`` what it measures of the
-quantisation (the metric families are ``nibble.metrics``'s, as for every service). This module imports
-none of them, so the entry point parses its config before torch loads.
+quantisation (the metric families are ``nibble.monitoring.metrics``'s, as for every service). This module
+imports none of them, so the entry point parses its config before torch loads.
 """

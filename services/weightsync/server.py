@@ -20,13 +20,14 @@ import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from nibble.config import WeightSyncConfig
-from nibble.metrics import Metrics
+from nibble.monitoring.metrics import Metrics
 from nibble.recipe.export import quantize_state
 from nibble.recipe.plan import PrecisionPlan
-from nibble.transport.auth import FETCH_TOKEN_ENV, PUBLISH_TOKEN_ENV, BearerTokenInterceptor, read_token
-from nibble.transport.frames import ChunkFrame, pass_frames, read_frame
-from nibble.transport.grpc_util import add_port, server_options
-from nibble.transport.weights import WeightAssembler, WeightRejected, dtype_name
+from nibble.transport.weights.assembler import WeightAssembler, WeightRejected
+from nibble.transport.weights.auth import FETCH_TOKEN_ENV, PUBLISH_TOKEN_ENV, BearerTokenInterceptor, read_token
+from nibble.transport.weights.frames import ChunkFrame, pass_frames, read_frame
+from nibble.transport.weights.grpc_util import add_port, server_options
+from nibble.transport.weights.payload import dtype_name
 from nibble.weightsync import quality
 from nibble.weightsync.export import VersionExporter
 from nibble.weightsync.store import WeightStore

@@ -30,8 +30,8 @@ import torch
 from google.protobuf.message import DecodeError
 
 from nibble.kernels.tensors import NVFP4_FORMAT_VERSION
-from nibble.transport.frames import chunk_frame_prefix
-from nibble.transport.weights import check_chunk_bytes, encode
+from nibble.transport.weights.frames import chunk_frame_prefix
+from nibble.transport.weights.payload import check_chunk_bytes, encode
 from nibble.wire import pb
 
 log = logging.getLogger(__name__)
@@ -216,7 +216,7 @@ def _verify(path: Path) -> StoredVersion:
             digest = hashlib.sha256(chunk.data).digest()
             if digest.hex() != chunk.checksum:
                 raise ValueError(f"chunk {number} does not match its checksum")
-            whole.update(digest)  # the manifest's digest is over the chunks' digests (nibble.transport.weights)
+            whole.update(digest)  # the manifest's digest is over the chunks' digests (nibble.transport.weights.payload)
         if handle.read(1):
             raise ValueError(f"{CHUNKS} is longer than its index")
     if whole.hexdigest() != manifest.digest:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from nibble.metrics import Metrics
+from nibble.monitoring.metrics import Metrics
 from nibble.monitoring.panels import rows
 from nibble.monitoring.report import main_panels, tsdb_reader
 from nibble.monitoring.rules import HEADROOM_MARGIN, RECORDING_RULES

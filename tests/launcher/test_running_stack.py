@@ -22,14 +22,8 @@ from nibble.model import from_pretrained, load_config
 from nibble.recipe import PrecisionPlan
 from nibble.recipe.export import published_state
 from nibble.trainer import checkpoint
-from nibble.transport import (
-    AdmissionCounter,
-    WeightPublisherClient,
-    WeightSubscriber,
-    allowed_groups,
-    stream_items,
-    validate_group,
-)
+from nibble.transport.stream import AdmissionCounter, allowed_groups, validate_group
+from nibble.transport.weights import GrpcWeightPublisher, GrpcWeightSubscriber, stream_items
 from nibble.wire import pb
 from tests.helpers import DESIGN_METRICS, corrupted, raw_publish, trajectory_group
 from tests.launcher.stack import Stack, aof_commands, scrape
@@ -244,8 +238,8 @@ def test_bad_publications_are_refused_counted_never_announced_and_samplers_keep_
     ws = stack.config.weightsync
     publish_token, fetch_token = stack.env["NIBBLE_PUBLISH_TOKEN"], stack.env["NIBBLE_FETCH_TOKEN"]
     publish_target = f"127.0.0.1:{ws.publish_port}"
-    publisher = WeightPublisherClient(publish_target, publish_token, attempts=1)
-    subscriber = WeightSubscriber(f"127.0.0.1:{ws.port}", fetch_token)
+    publisher = GrpcWeightPublisher(publish_target, publish_token, attempts=1)
+    subscriber = GrpcWeightSubscriber(f"127.0.0.1:{ws.port}", fetch_token)
     try:
         held = publisher.latest_version()
 

@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from nibble.config import RunConfig
-from nibble.metrics import Metrics
 from nibble.model import MoETransformer, tiny
+from nibble.monitoring.metrics import Metrics
 from nibble.recipe import PrecisionPlan, param_groups
 from nibble.tasks import get_task
 from nibble.trainer import checkpoint
 from nibble.trainer.service import Trainer
-from nibble.transport import AdmissionCounter, TrajectoryReader, TrajectoryWriter, connect
+from nibble.transport.stream import AdmissionCounter, RedisTrajectoryReader, RedisTrajectoryWriter, connect
 from nibble.wire import pb
 
 
@@ -62,7 +62,7 @@ class InProcessTrainer:
             self.metrics.dead_lettered.labels(reason=reason).inc()
             self.admission.release(1)
 
-        reader = TrajectoryReader(self.client, config.redis, "trainer", on_dead_letter=on_dead_letter)
+        reader = RedisTrajectoryReader(self.client, config.redis, "trainer", on_dead_letter=on_dead_letter)
         task = get_task(config.task.name, **config.task.options)
         out.mkdir(parents=True, exist_ok=True)
         self.trainer = Trainer(
@@ -73,7 +73,7 @@ class InProcessTrainer:
 
 @pytest.fixture
 def writer(stream_config):
-    return TrajectoryWriter(connect(stream_config), stream_config)
+    return RedisTrajectoryWriter(connect(stream_config), stream_config)
 
 
 def sampler_config(stream_config, **redis) -> RunConfig:
@@ -106,6 +106,6 @@ def make_sampler(config: RunConfig, engine=None, name: str = "sampler", subscrib
     engine = engine or tiny_engine(task.tokenizer.vocab_size)
     client = connect(config.redis)
     return Sampler(
-        config, task, engine, TrajectoryWriter(client, config.redis), AdmissionCounter(client, config.redis),
+        config, task, engine, RedisTrajectoryWriter(client, config.redis), AdmissionCounter(client, config.redis),
         subscriber, Metrics("sampler"), name=name,
     )  # fmt: skip

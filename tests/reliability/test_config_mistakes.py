@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from nibble.config import load
-from nibble.metrics import Metrics
 from nibble.model import MoETransformer, tiny
+from nibble.monitoring.metrics import Metrics
 
 
 def test_metrics_host_that_is_not_an_address_of_this_machine_names_the_key():

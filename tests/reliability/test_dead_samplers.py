@@ -16,7 +16,7 @@ import pytest
 
 from nibble.sampler.engine import Engine, Sample
 from nibble.sampler.service import EngineFailed
-from nibble.transport import connect
+from nibble.transport.stream import connect
 from tests.reliability.conftest import make_sampler, sampler_config
 
 # A sampler process whose engine hangs in generate (a stuck GPU, a dead remote engine): it reserves its

@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 
 from nibble.config import load
 from nibble.model import load_config, tiny
-from nibble.transport import WeightAssembler, WeightRejected, connect, stream_items
-from nibble.transport import validate as v
-from nibble.transport.weights import REASONS as WEIGHT_REASONS
+from nibble.monitoring import reasons as v
+from nibble.monitoring.reasons import WEIGHT_REASONS
+from nibble.transport.stream import connect, reason_code
+from nibble.transport.weights import WeightAssembler, WeightRejected, stream_items
 from nibble.wire import pb
 from tests.reliability.conftest import InProcessTrainer, make_group, run_config
 from tests.services import redis_config
@@ -94,10 +95,10 @@ def test_no_stream_entry_stops_the_trainer_and_each_is_counted_by_its_reason(red
     assert service.trainer.ledger.ids() == ["good-0", "good-1"]
     letters = client.xrange(config.redis.dead_letter_stream)
     assert len(letters) == len(entries)  # every fuzzed entry dead-lettered, none trained
-    codes = [v.reason_code(f[b"reason"].decode()) for _, f in letters]
+    codes = [reason_code(f[b"reason"].decode()) for _, f in letters]
     for code, got in zip(expected, codes, strict=True):
-        assert got in v.REASONS and (code is None or got == code), (code, got)
-    for code in v.REASONS:
+        assert got in v.DEAD_LETTER_REASONS and (code is None or got == code), (code, got)
+    for code in v.DEAD_LETTER_REASONS:
         assert service.metrics.value("nibble_dead_lettered_total", reason=code) == codes.count(code)
     assert service.admission.started() == 1  # only the trained group still holds its slot
     assert client.xpending(config.redis.stream, config.redis.consumer_group)["pending"] == 0

@@ -8,13 +8,13 @@ import json
 import threading
 import time
 
-from nibble.transport import AdmissionCounter, TrajectoryWriter, connect
+from nibble.transport.stream import AdmissionCounter, RedisTrajectoryWriter, connect
 from tests.reliability.conftest import InProcessTrainer, make_sampler, run_config
 from tests.reliability.proxy import Proxy
 from tests.services import RedisServer, redis_config
 
 
-class RecordingWriter(TrajectoryWriter):
+class RecordingWriter(RedisTrajectoryWriter):
     """The sampler's writer, remembering every trajectory id it wrote (the test's ground truth)."""
 
     written: list[str]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nibble.transport.validate import TEMPERATURE_MISMATCH, TOKEN_OUT_OF_VOCAB, TOO_LONG
+from nibble.monitoring.reasons import TEMPERATURE_MISMATCH, TOKEN_OUT_OF_VOCAB, TOO_LONG
 from tests.reliability.conftest import InProcessTrainer, make_group, run_config
 
 

@@ -15,13 +15,8 @@ from nibble.config import RunConfig, load
 from nibble.model import MoETransformer, tiny
 from nibble.recipe import PrecisionPlan
 from nibble.recipe.export import published_state
-from nibble.transport import (
-    TrajectoryReader,
-    TrajectoryWriter,
-    connect,
-    publisher_from_config,
-    subscriber_from_config,
-)
+from nibble.transport.stream import RedisTrajectoryReader, RedisTrajectoryWriter, connect
+from nibble.transport.weights import publisher_from_config, subscriber_from_config
 from tests.reliability.conftest import make_group
 from tests.services import RedisServer, free_port, redis_config
 
@@ -102,8 +97,8 @@ def test_mutual_tls_tokens_from_files_and_no_secret_in_any_log(secured, caplog):
 
         # Redis: the password from its file works; a wrong one fails naming the server, not the secret
         client = connect(config.redis)
-        TrajectoryWriter(client, config.redis).write(make_group("g", [[3, 4], [5, 6]]))
-        assert len(TrajectoryReader(client, config.redis, "trainer").read(1)) == 1
+        RedisTrajectoryWriter(client, config.redis).write(make_group("g", [[3, 4], [5, 6]]))
+        assert len(RedisTrajectoryReader(client, config.redis, "trainer").read(1)) == 1
         (tmp_path / "wrong-redis.token").write_text("nope\n")
         with pytest.raises(PermissionError, match="refused the credentials") as failure:
             connect(config.redis.model_copy(update={"password_file": tmp_path / "wrong-redis.token"}))

@@ -17,8 +17,8 @@ import yaml
 from nibble.model import MoETransformer, tiny
 from nibble.recipe import PrecisionPlan
 from nibble.recipe.export import published_state
-from nibble.transport import WeightPublisherClient, WeightSubscriber, stream_items
-from nibble.transport.grpc_util import open_channel
+from nibble.transport.weights import GrpcWeightPublisher, GrpcWeightSubscriber, stream_items
+from nibble.transport.weights.grpc_util import open_channel
 from nibble.wire import rpc
 from tests.services import free_port
 
@@ -42,7 +42,7 @@ def test_kill_9_mid_publication_leaves_no_partial_version(tmp_path):
     server = start(config_file)
     publish_target, fetch_target = f"127.0.0.1:{ports['publish_port']}", f"127.0.0.1:{ports['port']}"
     try:
-        WeightPublisherClient(publish_target, attempts=1).publish(1, state, plan)
+        GrpcWeightPublisher(publish_target, attempts=1).publish(1, state, plan)
         # version 2: the manifest and half the chunks, then the process is killed while the stream is open
         items = list(stream_items(2, state, plan.model_dump_json(), chunk_bytes=4096))
         half, sent, killed = len(items) // 2, threading.Event(), threading.Event()
@@ -71,7 +71,7 @@ def test_kill_9_mid_publication_leaves_no_partial_version(tmp_path):
         assert outcome["code"] == grpc.StatusCode.UNAVAILABLE  # the trainer sees the publication fail
 
         server = start(config_file)  # restarted on the same store (a Deployment's new pod)
-        subscriber = WeightSubscriber(fetch_target, attempts=1)
+        subscriber = GrpcWeightSubscriber(fetch_target, attempts=1)
         assert subscriber.versions().latest_version == 1
         assert list(subscriber.versions().available_versions) == [1]
         manifest, _ = subscriber.fetch(1)  # still verifies
@@ -80,7 +80,7 @@ def test_kill_9_mid_publication_leaves_no_partial_version(tmp_path):
             subscriber.fetch(2)
         assert info.value.code() == grpc.StatusCode.NOT_FOUND
         assert not [p for p in (tmp_path / "store").iterdir() if p.name.startswith(".tmp-")]
-        WeightPublisherClient(publish_target, attempts=1).publish(2, state, plan)  # the trainer's retry
+        GrpcWeightPublisher(publish_target, attempts=1).publish(2, state, plan)  # the trainer's retry
         announced = next(iter(subscriber.watch(after_version=1)))
         assert announced.policy_version == 2
         subscriber.close()

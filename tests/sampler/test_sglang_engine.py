@@ -233,7 +233,7 @@ class NoTensors:
 
 
 def sampler_on(engine):
-    from nibble.metrics import Metrics
+    from nibble.monitoring.metrics import Metrics
     from nibble.sampler.service import Sampler
     from nibble.tasks import get_task
 

@@ -15,7 +15,7 @@ from nibble.config import WeightSyncConfig
 from nibble.model import MoETransformer, tiny
 from nibble.recipe import PrecisionPlan
 from nibble.recipe.export import published_state
-from nibble.transport import WeightPublisherClient, WeightSubscriber
+from nibble.transport.weights import GrpcWeightPublisher, GrpcWeightSubscriber
 from nibble.weightsync.server import WeightSyncServer
 from nibble.wire import pb
 from tests.helpers import raw_publish
@@ -39,17 +39,17 @@ class Harness:
         self.servers.append(server)
         return server
 
-    def publisher(self, server: WeightSyncServer, token: str | None = PUBLISH_TOKEN) -> WeightPublisherClient:
-        client = WeightPublisherClient(f"127.0.0.1:{server.publish_port}", token, chunk_bytes=16 * 1024, attempts=1)
+    def publisher(self, server: WeightSyncServer, token: str | None = PUBLISH_TOKEN) -> GrpcWeightPublisher:
+        client = GrpcWeightPublisher(f"127.0.0.1:{server.publish_port}", token, chunk_bytes=16 * 1024, attempts=1)
         self.clients.append(client)
         return client
 
-    def subscriber(self, server: WeightSyncServer, token: str | None = FETCH_TOKEN, **kwargs) -> WeightSubscriber:
-        client = WeightSubscriber(f"127.0.0.1:{server.port}", token, **kwargs)
+    def subscriber(self, server: WeightSyncServer, token: str | None = FETCH_TOKEN, **kwargs) -> GrpcWeightSubscriber:
+        client = GrpcWeightSubscriber(f"127.0.0.1:{server.port}", token, **kwargs)
         self.clients.append(client)
         return client
 
-    def watch(self, subscriber: WeightSubscriber, after: int = 0) -> queue.Queue:
+    def watch(self, subscriber: GrpcWeightSubscriber, after: int = 0) -> queue.Queue:
         """Versions announced to ``subscriber``, collected by a background thread."""
         seen: queue.Queue = queue.Queue()
 

@@ -13,8 +13,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from nibble.model import MoETransformer, tiny
 from nibble.recipe.export import load_sampler_state, published_state, quantize_state
-from nibble.transport import WeightPublisherClient, WeightRejected, WeightSubscriber, stream_items
-from nibble.transport.grpc_util import open_channel
+from nibble.transport.weights import GrpcWeightPublisher, GrpcWeightSubscriber, WeightRejected, stream_items
+from nibble.transport.weights.grpc_util import open_channel
 from nibble.wire import pb
 from tests.helpers import corrupted
 from tests.weightsync.conftest import FETCH_TOKEN, PUBLISH_TOKEN
@@ -222,8 +222,8 @@ def test_tls_round_trip_and_plaintext_is_refused(harness, trainer, state, tmp_pa
         check=True, capture_output=True,
     )  # fmt: skip
     server = harness.start(tls_cert_file=cert, tls_key_file=key)
-    publisher = WeightPublisherClient(f"localhost:{server.publish_port}", PUBLISH_TOKEN, ca_file=cert, attempts=1)
-    subscriber = WeightSubscriber(f"localhost:{server.port}", FETCH_TOKEN, ca_file=cert, attempts=1)
+    publisher = GrpcWeightPublisher(f"localhost:{server.publish_port}", PUBLISH_TOKEN, ca_file=cert, attempts=1)
+    subscriber = GrpcWeightSubscriber(f"localhost:{server.port}", FETCH_TOKEN, ca_file=cert, attempts=1)
     harness.clients += [publisher, subscriber]
     publisher.publish(1, state, trainer[1])
     manifest, _ = subscriber.fetch(1)

@@ -2,7 +2,7 @@
 
 import torch
 
-from nibble.transport import WeightAssembler
+from nibble.transport.weights import WeightAssembler
 from nibble.weightsync.store import CHUNKS, WeightStore
 from nibble.wire import pb
 

@@ -15,7 +15,7 @@ import redis
 
 from nibble.config import RedisConfig
 from nibble.launcher import free_port
-from nibble.transport import connect
+from nibble.transport.stream import connect
 from tests.deploy.helm.nibble_chart import (
     FULLNAME,
     NAMESPACE,

@@ -10,8 +10,8 @@ import pytest
 from grafana_foundation_sdk.models.dashboard import Dashboard
 from prometheus_client import generate_latest
 
-from nibble.metrics import ROLES, Metrics
 from nibble.monitoring.grafana import dashboard_json
+from nibble.monitoring.metrics import ROLES, Metrics
 from nibble.monitoring.panels import promql, rows
 from nibble.monitoring.rules import HEADROOM_MARGIN, RECORDING_RULES, rules_yaml
 

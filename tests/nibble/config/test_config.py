@@ -6,7 +6,7 @@ import pytest
 
 from nibble.config import load
 
-CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def test_the_embedded_default_is_configs_default_yaml():
@@ -106,7 +106,7 @@ def test_free_form_sections_and_secrets_pass_through():
 
 def test_the_variables_the_services_read_are_not_mistaken_for_config_keys():
     from nibble.config.env import NOT_CONFIG
-    from nibble.transport.auth import FETCH_TOKEN_ENV, PUBLISH_TOKEN_ENV
-    from nibble.transport.connection import PASSWORD_ENV
+    from nibble.transport.stream.connection import PASSWORD_ENV
+    from nibble.transport.weights.auth import FETCH_TOKEN_ENV, PUBLISH_TOKEN_ENV
 
     assert {FETCH_TOKEN_ENV, PUBLISH_TOKEN_ENV, PASSWORD_ENV} <= NOT_CONFIG

@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 from nibble.launcher import free_port
-from nibble.transport.health import HealthServer, start_health
+from nibble.transport.weights.health import HealthServer, start_health
 
 NIBBLE = str(Path(sys.executable).with_name("nibble"))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import redis
 
 from nibble.config import RedisConfig
-from nibble.transport.connection import retrying
+from nibble.transport.stream.connection import retrying
 
 # KEYS[1] = the set, ARGV[1] = sampler id: record the server's time (seconds) as the id's last beat.
 _BEAT = """

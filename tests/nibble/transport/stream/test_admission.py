@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from nibble.transport import AdmissionCounter, allowed_groups, connect
+from nibble.transport.stream import AdmissionCounter, allowed_groups, connect
 
 
 def test_concurrent_reservers_never_exceed_allowed_and_release_reopens_slots(stream_config):

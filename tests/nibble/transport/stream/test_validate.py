@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from nibble.transport.validate import REASONS, reason_code, validate_group
+from nibble.monitoring.reasons import DEAD_LETTER_REASONS
+from nibble.transport.stream.validate import reason_code, validate_group
 from tests.helpers import trajectory_group
 
 
@@ -48,7 +49,7 @@ def break_group(defect: str):
 )
 def test_each_defect_is_named_by_its_reason_code(defect):
     reason = validate_group(break_group(defect))
-    assert reason is not None and reason_code(reason) == defect and defect in REASONS
+    assert reason is not None and reason_code(reason) == defect and defect in DEAD_LETTER_REASONS
     assert "g7" in reason or defect == "too_few_responses"  # the detail names the group
 
 

@@ -11,7 +11,7 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from nibble.transport import validate, weights
+from nibble.monitoring.reasons import DEAD_LETTER_REASONS, WEIGHT_REASONS
 
 ROLES = ("sampler", "trainer", "weightsync")
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16)
@@ -24,10 +24,8 @@ ROLE_LABELLED = ("nibble_policy_version", "nibble_tokens_total", "nibble_weight_
 
 # Reasons pre-created so their series exist from the start (more could appear as they happen). Every
 # role pre-creates all of them, so a scrape of any service lists every series of every family.
-DEAD_LETTER_REASONS = validate.REASONS
-"""Every ``reason`` of ``nibble_dead_lettered_total``: the codes of the stream's validation."""
 REJECT_REASONS = (
-    *weights.REASONS,
+    *WEIGHT_REASONS,
     "stale_version",
     "bad_plan",
     "bad_tensor",

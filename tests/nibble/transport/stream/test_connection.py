@@ -7,7 +7,13 @@ import time
 
 import pytest
 
-from nibble.transport import RedisUnavailable, TrajectoryReader, TrajectoryWriter, connect, read_password
+from nibble.transport.stream import (
+    RedisTrajectoryReader,
+    RedisTrajectoryWriter,
+    RedisUnavailable,
+    connect,
+    read_password,
+)
 from tests.helpers import trajectory_group
 from tests.services import RedisServer, free_port, redis_config
 
@@ -69,7 +75,7 @@ def test_writes_ride_out_a_redis_restart_and_give_up_with_a_clear_error(tmp_path
     server = RedisServer(tmp_path).start()
     try:
         config = redis_config(server.url, retry_seconds=10.0, socket_timeout_seconds=1.0)
-        writer = TrajectoryWriter(connect(config), config)
+        writer = RedisTrajectoryWriter(connect(config), config)
         writer.write(trajectory_group("before"))
         server.stop()
         restart = threading.Timer(0.5, server.start)
@@ -80,7 +86,7 @@ def test_writes_ride_out_a_redis_restart_and_give_up_with_a_clear_error(tmp_path
         assert f"127.0.0.1:{server.port}" in caplog.text and "retrying in" in caplog.text
 
         server.stop()
-        impatient = TrajectoryWriter(writer.client, redis_config(server.url, retry_seconds=0.3))
+        impatient = RedisTrajectoryWriter(writer.client, redis_config(server.url, retry_seconds=0.3))
         with pytest.raises(RedisUnavailable, match=rf"127.0.0.1:{server.port}.*0.3 s while writing group g1"):
             impatient.write(trajectory_group("g1"))
     finally:
@@ -92,12 +98,12 @@ def test_a_reader_recreates_its_group_when_redis_comes_back_empty(tmp_path, capl
     try:
         config = redis_config(server.url, retry_seconds=10.0)
         client = connect(config)
-        reader = TrajectoryReader(client, config, "trainer-0")
-        TrajectoryWriter(client, config).write(trajectory_group("lost"))
+        reader = RedisTrajectoryReader(client, config, "trainer-0")
+        RedisTrajectoryWriter(client, config).write(trajectory_group("lost"))
         assert len(reader.read(5)) == 1
         server.stop()
         server.start()  # no persistence: stream and consumer group are gone
-        written = TrajectoryWriter(client, config).write(trajectory_group("new"))
+        written = RedisTrajectoryWriter(client, config).write(trajectory_group("new"))
         with caplog.at_level(logging.WARNING, logger="nibble.transport"):
             assert [e.entry_id for e in reader.read(5)] == [written]
         assert "recreating it" in caplog.text
@@ -110,7 +116,7 @@ def test_tls_connects_with_the_configured_ca_and_fails_clearly_without_tls(tmp_p
     try:
         config = redis_config(server.url.replace("rediss://", "redis://"), tls=True, tls_ca_file=server.ca_file)
         client = connect(config)
-        TrajectoryWriter(client, config).write(trajectory_group())
+        RedisTrajectoryWriter(client, config).write(trajectory_group())
         assert client.xlen(config.stream) == 1
         client.close()
         plain = redis_config(server.url.replace("rediss://", "redis://"), connect_timeout_seconds=1.0)

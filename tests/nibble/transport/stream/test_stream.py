@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from nibble.transport import StreamEntry, TrajectoryReader, TrajectoryWriter, connect
+from nibble.transport.stream import RedisTrajectoryReader, RedisTrajectoryWriter, StreamEntry, connect
 from nibble.wire import pb
 from tests.helpers import trajectory_group
 
@@ -18,7 +18,7 @@ def client(stream_config):
 
 
 def write_groups(client, config, n, prefix="g"):
-    writer = TrajectoryWriter(client, config)
+    writer = RedisTrajectoryWriter(client, config)
     return [writer.write(trajectory_group(f"{prefix}{i}")) for i in range(n)]
 
 
@@ -28,7 +28,7 @@ def ids(entries):
 
 def test_entries_written_before_the_reader_starts_are_read_whole(client, stream_config):
     written = write_groups(client, stream_config, 3)
-    entries = TrajectoryReader(client, stream_config, "trainer-0").read(10)
+    entries = RedisTrajectoryReader(client, stream_config, "trainer-0").read(10)
     assert ids(entries) == written
     assert all(isinstance(e, StreamEntry) and isinstance(e.group, pb.TrajectoryGroup) for e in entries)
     assert entries[1].group == trajectory_group("g1")
@@ -36,7 +36,7 @@ def test_entries_written_before_the_reader_starts_are_read_whole(client, stream_
 
 def test_two_readers_get_distinct_entries(client, stream_config):
     written = write_groups(client, stream_config, 10)
-    first, second = TrajectoryReader(client, stream_config, "a"), TrajectoryReader(client, stream_config, "b")
+    first, second = RedisTrajectoryReader(client, stream_config, "a"), RedisTrajectoryReader(client, stream_config, "b")
     got_a, got_b = [], []
     for _ in range(3):
         got_a += ids(first.read(2))
@@ -49,9 +49,9 @@ def test_two_readers_get_distinct_entries(client, stream_config):
 def test_entries_of_a_silent_consumer_are_claimed_after_the_idle_timeout(client, stream_config):
     config = stream_config.model_copy(update={"claim_idle_seconds": 1.0})
     written = write_groups(client, config, 5)
-    dead = TrajectoryReader(client, config, "dead")
+    dead = RedisTrajectoryReader(client, config, "dead")
     assert ids(dead.read(3)) == written[:3]  # ... and never acknowledged
-    survivor = TrajectoryReader(client, config, "survivor")
+    survivor = RedisTrajectoryReader(client, config, "survivor")
     assert ids(survivor.read(10)) == written[3:]  # not idle for 1 s yet: only the new ones
     time.sleep(1.1)
     assert ids(survivor.read(10)) == written[:3]
@@ -62,17 +62,17 @@ def test_entries_of_a_silent_consumer_are_claimed_after_the_idle_timeout(client,
 
 def test_a_restarted_consumer_rereads_its_own_pending_entries_first(client, stream_config):
     written = write_groups(client, stream_config, 6)
-    before = TrajectoryReader(client, stream_config, "trainer-0")
+    before = RedisTrajectoryReader(client, stream_config, "trainer-0")
     assert ids(before.read(4)) == written[:4]
     before.ack(written[:1])  # the checkpoint held the first one only
-    after = TrajectoryReader(client, stream_config, "trainer-0")  # same name: a restart
+    after = RedisTrajectoryReader(client, stream_config, "trainer-0")  # same name: a restart
     assert ids(after.read(2)) == written[1:3]
     assert ids(after.read(2)) == [written[3], written[4]]  # the last pending one, then new
     assert ids(after.read(5)) == written[5:]
 
 
 def test_garbage_and_invalid_groups_are_dead_lettered_with_reasons_and_counted(client, stream_config):
-    writer = TrajectoryWriter(client, stream_config)
+    writer = RedisTrajectoryWriter(client, stream_config)
     good = writer.write(trajectory_group("good"))
     garbage = client.xadd(stream_config.stream, {b"group": b"\x0a\xff"}).decode()
     lonely = trajectory_group("lonely")
@@ -81,7 +81,7 @@ def test_garbage_and_invalid_groups_are_dead_lettered_with_reasons_and_counted(c
     stranger = client.xadd(stream_config.stream, {b"other": b"x"}).decode()
     good_too = writer.write(trajectory_group("good-too"))
     counted = []
-    reader = TrajectoryReader(client, stream_config, "trainer-0", on_dead_letter=counted.append)
+    reader = RedisTrajectoryReader(client, stream_config, "trainer-0", on_dead_letter=counted.append)
 
     assert ids(reader.read(10)) == [good, good_too]
     assert reader.dead_lettered == {"undecodable": 2, "too_few_responses": 1}
@@ -100,11 +100,11 @@ def test_the_writer_refuses_an_invalid_group():
     lonely = trajectory_group("lonely")
     del lonely.responses[1:]
     with pytest.raises(ValueError, match=r"lonely.*too_few_responses"):
-        TrajectoryWriter(None, None).write(lonely)
+        RedisTrajectoryWriter(None, None).write(lonely)
 
 
 def test_ack_and_trim_keep_the_stream_bounded_and_never_drop_undelivered_entries(client, stream_config):
-    writer, reader = TrajectoryWriter(client, stream_config), TrajectoryReader(client, stream_config, "t")
+    writer, reader = RedisTrajectoryWriter(client, stream_config), RedisTrajectoryReader(client, stream_config, "t")
     written = write_groups(client, stream_config, 8)
     batch = ids(reader.read(4))
     reader.ack(batch[1:])  # the oldest delivered entry is still pending: it and everything after stay
@@ -129,13 +129,13 @@ def test_ack_and_trim_keep_the_stream_bounded_and_never_drop_undelivered_entries
 
 def test_backpressure_flips_at_queue_capacity_and_depth_counts_pending(client, stream_config):
     config = stream_config.model_copy(update={"queue_capacity": 3})
-    writer = TrajectoryWriter(client, config)
+    writer = RedisTrajectoryWriter(client, config)
     assert not writer.backpressure()
     write_groups(client, config, 2)
     assert not writer.backpressure()
     write_groups(client, config, 1, prefix="h")
     assert writer.backpressure()  # no trainer yet: every entry is undelivered
-    reader = TrajectoryReader(client, config, "t")
+    reader = RedisTrajectoryReader(client, config, "t")
     assert writer.backpressure() and reader.depth() == 3
     batch = reader.read(1)
     assert not writer.backpressure() and reader.depth() == 3  # 2 undelivered + 1 pending
@@ -144,7 +144,7 @@ def test_backpressure_flips_at_queue_capacity_and_depth_counts_pending(client, s
 
 
 def test_read_rejects_bad_arguments(client, stream_config):
-    reader = TrajectoryReader(client, stream_config, "t")
+    reader = RedisTrajectoryReader(client, stream_config, "t")
     with pytest.raises(ValueError, match="count 0"):
         reader.read(0)
     with pytest.raises(ValueError, match="socket_timeout_seconds"):

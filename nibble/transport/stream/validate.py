@@ -1,7 +1,8 @@
 """What makes a trajectory-group stream entry unusable (docs/design.md §5): such an entry is dead-lettered whole.
 
-A reason reads ``"<code>: <detail>"``; the code (one of ``REASONS``) is the bounded label that
-``nibble_dead_lettered_total`` counts by, the detail goes to the dead-letter stream for a human.
+A reason reads ``"<code>: <detail>"``; the code (one of :data:`nibble.monitoring.reasons.DEAD_LETTER_REASONS`)
+is the bounded label that ``nibble_dead_lettered_total`` counts by, the detail goes to the dead-letter
+stream for a human.
 A −inf or NaN *logprob* is not a reason: the loss masks such tokens and counts them.
 """
 
@@ -9,39 +10,18 @@ from __future__ import annotations
 
 import math
 
-from nibble.wire import pb
-
-UNDECODABLE = "undecodable"  # the payload is not a TrajectoryGroup (or the entry has no payload field)
-MISSING_PAYLOAD = "missing_payload"  # a pending entry whose data was deleted from the stream
-TOO_FEW_RESPONSES = "too_few_responses"
-MISSING_ID = "missing_id"
-DUPLICATE_TRAJECTORY_ID = "duplicate_trajectory_id"
-EMPTY_PROMPT = "empty_prompt"
-EMPTY_RESPONSE = "empty_response"
-LENGTH_MISMATCH = "length_mismatch"
-NEGATIVE_TOKEN = "negative_token"
-NON_FINITE_REWARD = "non_finite_reward"
-BAD_TEMPERATURE = "bad_temperature"
-# The trainer's own checks of a valid group against its model and config (``nibble.trainer.intake``).
-TOKEN_OUT_OF_VOCAB = "token_out_of_vocab"
-TOO_LONG = "too_long"
-TEMPERATURE_MISMATCH = "temperature_mismatch"
-REASONS = (
-    UNDECODABLE,
-    MISSING_PAYLOAD,
-    TOO_FEW_RESPONSES,
-    MISSING_ID,
+from nibble.monitoring.reasons import (
+    BAD_TEMPERATURE,
     DUPLICATE_TRAJECTORY_ID,
     EMPTY_PROMPT,
     EMPTY_RESPONSE,
     LENGTH_MISMATCH,
+    MISSING_ID,
     NEGATIVE_TOKEN,
     NON_FINITE_REWARD,
-    BAD_TEMPERATURE,
-    TOKEN_OUT_OF_VOCAB,
-    TOO_LONG,
-    TEMPERATURE_MISMATCH,
+    TOO_FEW_RESPONSES,
 )
+from nibble.wire import pb
 
 
 def reason_code(reason: str) -> str:

@@ -1,8 +1,8 @@
-"""The trajectory queue: a Redis stream of whole GRPO groups read by a consumer group (docs/design.md §5).
+"""The trajectory queue on Redis: a stream of whole GRPO groups read by a consumer group (docs/design.md §5).
 
-Samplers append with :class:`TrajectoryWriter`; the trainer reads with :class:`TrajectoryReader`, which
-re-reads its own pending entries after a restart, claims entries pending on a silent consumer, moves
-undecodable or invalid entries to the dead-letter stream, acknowledges only when told (after the
+Samplers append with :class:`RedisTrajectoryWriter`; the trainer reads with :class:`RedisTrajectoryReader`,
+which re-reads its own pending entries after a restart, claims entries pending on a silent consumer,
+moves undecodable or invalid entries to the dead-letter stream, acknowledges only when told (after the
 checkpoint that holds the step) and trims what every reader is done with.
 """
 
@@ -11,15 +11,16 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import TypeVar
 
 import redis
 from google.protobuf.message import DecodeError
 
 from nibble.config import RedisConfig
-from nibble.transport.connection import retrying
-from nibble.transport.validate import MISSING_PAYLOAD, UNDECODABLE, reason_code, validate_group
+from nibble.monitoring.reasons import MISSING_PAYLOAD, UNDECODABLE
+from nibble.transport.stream.base import StreamEntry
+from nibble.transport.stream.connection import retrying
+from nibble.transport.stream.validate import reason_code, validate_group
 from nibble.wire import pb
 
 logger = logging.getLogger(__name__)
@@ -28,16 +29,9 @@ T = TypeVar("T")
 PAYLOAD_FIELD = b"group"  # one field per entry: the serialized pb.TrajectoryGroup
 
 
-@dataclass(frozen=True)
-class StreamEntry:
-    """One decoded, validated stream entry: a whole group and the id to acknowledge it by."""
-
-    entry_id: str
-    group: pb.TrajectoryGroup
-
-
-class TrajectoryWriter:
-    """The sampler side: appends whole groups; never trims (unread data is never dropped)."""
+class RedisTrajectoryWriter:
+    """The sampler side (a :class:`~nibble.transport.stream.base.TrajectoryWriter`): appends whole groups;
+    never trims (unread data is never dropped)."""
 
     def __init__(self, client: redis.Redis, config: RedisConfig):
         self.client, self.config = client, config
@@ -70,8 +64,9 @@ class TrajectoryWriter:
         return undelivered(self.client, self.config) >= self.config.queue_capacity
 
 
-class TrajectoryReader:
-    """The trainer side: one consumer (``consumer``) of the group ``config.consumer_group``.
+class RedisTrajectoryReader:
+    """The trainer side (a :class:`~nibble.transport.stream.base.TrajectoryReader`): one consumer
+    (``consumer``) of the group ``config.consumer_group``.
 
     ``dead_lettered`` counts dead-lettered entries by reason code; ``on_dead_letter(code)`` (optional) is
     called once per entry too, e.g. to bump ``nibble_dead_lettered_total``.

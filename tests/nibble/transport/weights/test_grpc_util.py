@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from nibble.transport.auth import read_token
-from nibble.transport.grpc_util import Backoff, StallWatchdog
+from nibble.transport.weights.auth import read_token
+from nibble.transport.weights.grpc_util import Backoff, StallWatchdog
 
 
 def test_backoff_grows_exponentially_up_to_its_bound_and_resets():

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import grpc
 
-from nibble.transport.weights import MAX_CHUNK_BYTES
+from nibble.transport.weights.payload import MAX_CHUNK_BYTES
 
 MAX_MESSAGE_BYTES = 2 * MAX_CHUNK_BYTES
 """Message limit (bytes) on both sides: a 4 MiB chunk plus its other fields, or a large model's manifest."""

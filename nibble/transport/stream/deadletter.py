@@ -13,10 +13,10 @@ import redis
 from google.protobuf.message import DecodeError
 
 from nibble.config import RedisConfig
-from nibble.transport.admission import AdmissionCounter
-from nibble.transport.connection import retrying
-from nibble.transport.stream import PAYLOAD_FIELD
-from nibble.transport.validate import reason_code
+from nibble.transport.stream.admission import AdmissionCounter
+from nibble.transport.stream.connection import retrying
+from nibble.transport.stream.redis_stream import PAYLOAD_FIELD
+from nibble.transport.stream.validate import reason_code
 from nibble.wire import pb
 
 

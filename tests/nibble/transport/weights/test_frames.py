@@ -6,8 +6,8 @@ import pytest
 import torch
 from google.protobuf.message import DecodeError
 
-from nibble.transport.frames import ChunkFrame, read_frame
-from nibble.transport.weights import stream_frames
+from nibble.transport.weights.frames import ChunkFrame, read_frame
+from nibble.transport.weights.payload import stream_frames
 from nibble.wire import pb
 
 

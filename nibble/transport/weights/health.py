@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from nibble.transport.grpc_util import add_port
+from nibble.transport.weights.grpc_util import add_port
 
 
 class HealthServer:

@@ -5,8 +5,8 @@ import time
 import pytest
 
 from nibble.config import RedisConfig
-from nibble.transport import connect
-from nibble.transport.presence import SamplerRegistry
+from nibble.transport.stream import connect
+from nibble.transport.stream.presence import SamplerRegistry
 from tests.services import redis_config
 
 

@@ -5,15 +5,9 @@ import hashlib
 import pytest
 import torch
 
-from nibble.transport.weights import (
-    ALIGNMENT,
-    MAX_CHUNK_BYTES,
-    REASONS,
-    WeightAssembler,
-    WeightRejected,
-    layout,
-    stream_items,
-)
+from nibble.monitoring.reasons import WEIGHT_REASONS
+from nibble.transport.weights.assembler import WeightAssembler, WeightRejected
+from nibble.transport.weights.payload import ALIGNMENT, MAX_CHUNK_BYTES, layout, stream_items
 from nibble.wire import pb
 
 
@@ -84,7 +78,7 @@ def test_unsupported_dtypes_are_refused_naming_the_tensor():
 def reject(items, **assembler) -> str:
     with pytest.raises(WeightRejected) as info:
         WeightAssembler(**assembler).assemble(items)
-    assert info.value.reason in REASONS
+    assert info.value.reason in WEIGHT_REASONS
     return info.value.reason
 
 

@@ -12,7 +12,7 @@ import logging
 import redis
 
 from nibble.config import RedisConfig
-from nibble.transport.connection import retrying
+from nibble.transport.stream.connection import retrying
 
 logger = logging.getLogger(__name__)
 
