@@ -14,11 +14,10 @@ from pathlib import Path
 import grpc
 
 from nibble.config import RunConfig
-from nibble.tasks import decode_response
 from nibble.monitoring.metrics import Metrics
 from nibble.sampler.engine import Engine, EngineUnavailable
 from nibble.sampler.groups import build_group
-from nibble.tasks import Task
+from nibble.tasks import Task, decode_response
 from nibble.transport.stream import AdmissionCounter, TrajectoryWriter, allowed_groups
 from nibble.transport.stream.presence import SamplerRegistry
 from nibble.transport.weights import StreamStalled, WeightRejected, WeightSubscriber

@@ -12,13 +12,13 @@ from pathlib import Path
 import torch
 
 from nibble.config import RunConfig
-from nibble.tasks.evaluation import EvaluationStopped, accuracy
 from nibble.model import MoETransformer
 from nibble.monitoring.metrics import Metrics
-from nibble.rundir.provenance import provenance
 from nibble.recipe.export import published_state
+from nibble.rundir.provenance import provenance
 from nibble.simulator.drift_model import drift_headroom
 from nibble.tasks import Task
+from nibble.tasks.evaluation import EvaluationStopped, accuracy
 from nibble.trainer import checkpoint, sharded
 from nibble.trainer.batch import assemble
 from nibble.trainer.demand import sampler_demand

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from nibble.config import load
-from nibble.tasks.evaluation import EvaluationStopped, accuracy
 from nibble.model import MoETransformer, tiny
 from nibble.monitoring.metrics import Metrics
 from nibble.recipe import PrecisionPlan
 from nibble.tasks import get_task
+from nibble.tasks.evaluation import EvaluationStopped, accuracy
 from nibble.trainer.checkpoint import TrainerState, latest
 from nibble.trainer.service import Trainer
 
