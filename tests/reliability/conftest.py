@@ -13,7 +13,7 @@ from nibble.model import MoETransformer, tiny
 from nibble.recipe import PrecisionPlan, param_groups
 from nibble.tasks import get_task
 from nibble.trainer import checkpoint
-from nibble.trainer.service import Trainer
+from nibble.trainer.service import Links, Policy, Trainer, TrainerSettings
 from nibble.transport import AdmissionCounter, TrajectoryReader, TrajectoryWriter, connect
 from nibble.wire import pb
 
@@ -65,10 +65,10 @@ class InProcessTrainer:
         reader = TrajectoryReader(self.client, config.redis, "trainer", on_dead_letter=on_dead_letter)
         task = get_task(config.task.name, **config.task.options)
         out.mkdir(parents=True, exist_ok=True)
-        self.trainer = Trainer(
-            config, task, model, optimizer, state, reader, self.admission, publisher, self.metrics, out,
-            stop=threading.Event(),
-        )  # fmt: skip
+        links = Links(reader, self.admission, publisher)
+        policy = Policy(model, optimizer, state)
+        settings = TrainerSettings.of(config)
+        self.trainer = Trainer(settings, task, policy, links, self.metrics, out, stop=threading.Event())
 
 
 @pytest.fixture
