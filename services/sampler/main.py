@@ -31,7 +31,7 @@ def build(config, name: str, out: Path | None):
         ValueError: a device, checkpoint, metrics address or SGLang server that cannot be used, named.
     """
     from nibble.metrics import Metrics
-    from nibble.sampler.service import Sampler
+    from nibble.sampler.service import Sampler, SamplerSettings
     from nibble.tasks import get_task
     from nibble.transport import AdmissionCounter, TrajectoryWriter, connect, subscriber_from_config
     from nibble.transport.presence import SamplerRegistry
@@ -53,7 +53,7 @@ def build(config, name: str, out: Path | None):
     client = connect(config.redis)
     subscriber = subscriber_from_config(config.weightsync, name)
     return Sampler(
-        config,
+        SamplerSettings.of(config),
         task,
         engine,
         TrajectoryWriter(client, config.redis),

@@ -100,12 +100,13 @@ def tiny_engine(vocab: int, plan: PrecisionPlan | None = None):
 def make_sampler(config: RunConfig, engine=None, name: str = "sampler", subscriber=None):
     """A real :class:`~nibble.sampler.service.Sampler` (no weight-sync) on the built-in engine with a tiny
     random bf16 model, or on ``engine``."""
-    from nibble.sampler.service import Sampler
+    from nibble.sampler.service import Sampler, SamplerSettings
 
     task = get_task(config.task.name, **config.task.options)
     engine = engine or tiny_engine(task.tokenizer.vocab_size)
     client = connect(config.redis)
+    settings = SamplerSettings.of(config)
     return Sampler(
-        config, task, engine, TrajectoryWriter(client, config.redis), AdmissionCounter(client, config.redis),
+        settings, task, engine, TrajectoryWriter(client, config.redis), AdmissionCounter(client, config.redis),
         subscriber, Metrics("sampler"), name=name,
     )  # fmt: skip
