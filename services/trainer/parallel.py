@@ -53,7 +53,9 @@ class Parallelism:
         """Teacher-forced scores of the whole ``batch`` (``[B, R]`` like ``batch.mask``) on every process."""
         raise NotImplementedError
 
-    def update_rows(self, batch: Batch, groups: list[int], correction_level: str) -> tuple[torch.Tensor, float, int | None]:
+    def update_rows(
+        self, batch: Batch, groups: list[int], correction_level: str
+    ) -> tuple[torch.Tensor, float, int | None]:
         """This process's rows of one update over ``groups``, their loss weight, and the update's valid-token
         count when the loss must divide by the whole update's (``None``: the rows are the whole update)."""
         raise NotImplementedError
@@ -188,4 +190,3 @@ def _optimizer_tensors(model: MoETransformer, optimizer: torch.optim.Optimizer) 
         out[f"{name}::exp_avg_sq"] = state["exp_avg_sq"].detach().cpu().contiguous()
         out[f"{name}::step"] = torch.as_tensor(state["step"], dtype=torch.float32).reshape(1).cpu()
     return out
-
