@@ -31,7 +31,7 @@ def build(config, name: str, out: Path | None):
         ValueError: a device, checkpoint, metrics address or SGLang server that cannot be used, named.
     """
     from nibble.metrics import Metrics
-    from nibble.sampler.service import Sampler, SamplerSettings
+    from nibble.sampler.service import Sampler
     from nibble.tasks import get_task
     from nibble.transport import AdmissionCounter, TrajectoryWriter, connect, subscriber_from_config
     from nibble.transport.presence import SamplerRegistry
@@ -53,7 +53,7 @@ def build(config, name: str, out: Path | None):
     client = connect(config.redis)
     subscriber = subscriber_from_config(config.weightsync, name)
     return Sampler(
-        SamplerSettings.of(config),
+        settings(config),
         task,
         engine,
         TrajectoryWriter(client, config.redis),
@@ -64,6 +64,15 @@ def build(config, name: str, out: Path | None):
         stats_file=stats_file(out, name),
         registry=SamplerRegistry(client, config.redis),
     )
+
+
+def settings(config):
+    """The sampler's :class:`~nibble.sampler.service.SamplerSettings`: its section, the stream's, and the
+    trainer's admission numbers (how far ahead of the trainer samplers may run)."""
+    from nibble.sampler.service import SamplerSettings
+
+    t = config.trainer
+    return SamplerSettings(config.sampler, config.redis, t.max_staleness, t.groups_per_step * t.publish_every)
 
 
 def builtin_engine(config, task):

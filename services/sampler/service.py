@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 
-from nibble.config import RedisConfig, RunConfig, SamplerConfig
+from nibble.config import RedisConfig, SamplerConfig
 from nibble.metrics import Metrics
 from nibble.sampler.engine import Engine, EngineUnavailable
 from nibble.sampler.rollout import GenerationFailed, Sampling, ScoredGroup, rollout
@@ -64,7 +64,8 @@ class SamplerStats:
 
 @dataclass(frozen=True)
 class SamplerSettings:
-    """The sampler's config section plus the few run-wide values it needs (not the whole run config).
+    """The sampler's config section plus the few run-wide values it needs (not the whole run config;
+    :func:`nibble.sampler.main.settings` takes them from it).
 
     Attributes:
         sampler: the ``sampler`` section.
@@ -78,12 +79,6 @@ class SamplerSettings:
     redis: RedisConfig
     max_staleness: int
     groups_per_version: int
-
-    @classmethod
-    def of(cls, config: RunConfig) -> SamplerSettings:
-        """The sampler's share of the run ``config``."""
-        t = config.trainer
-        return cls(config.sampler, config.redis, t.max_staleness, t.groups_per_step * t.publish_every)
 
 
 class Sampler:

@@ -41,7 +41,7 @@ def build(config, out: Path, stop: threading.Event):
     from nibble.metrics import Metrics
     from nibble.tasks import get_task
     from nibble.trainer.backend import check_backend
-    from nibble.trainer.service import Links, Trainer, TrainerSettings
+    from nibble.trainer.service import Links, Trainer
 
     t = config.trainer
     check_backend(t.backend, t.device)
@@ -55,9 +55,18 @@ def build(config, out: Path, stop: threading.Event):
     if parallel.leader:
         links, published = _connect(config, metrics)
     published = parallel.broadcast(published)
-    trainer = Trainer(TrainerSettings.of(config), task, policy, links, metrics, out, parallel=parallel, stop=stop)
+    trainer = Trainer(settings(config), task, policy, links, metrics, out, parallel=parallel, stop=stop)
     trainer.continue_above(published)
     return trainer
+
+
+def settings(config):
+    """The trainer's :class:`~nibble.trainer.service.TrainerSettings`: its section, the temperature samplers
+    sample at, the run's sampler count, and the run's provenance on this machine."""
+    from nibble.provenance import provenance
+    from nibble.trainer.service import TrainerSettings
+
+    return TrainerSettings(config.trainer, config.sampler.temperature, config.num_samplers, provenance(config))
 
 
 def _parallelism(t):

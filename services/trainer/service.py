@@ -11,11 +11,10 @@ from pathlib import Path
 
 import torch
 
-from nibble.config import RunConfig, TrainerConfig
+from nibble.config import TrainerConfig
 from nibble.evaluation import EvaluationStopped, accuracy
 from nibble.metrics import Metrics
 from nibble.model import MoETransformer
-from nibble.provenance import provenance
 from nibble.stability import drift_headroom
 from nibble.tasks import Task
 from nibble.trainer import checkpoint
@@ -51,7 +50,8 @@ class Consumed:
 
 @dataclass(frozen=True)
 class TrainerSettings:
-    """The trainer's config section plus the few run-wide values it needs (not the whole run config).
+    """The trainer's config section plus the few run-wide values it needs (not the whole run config;
+    :func:`nibble.trainer.main.settings` takes them from it).
 
     Attributes:
         trainer: the ``trainer`` section.
@@ -64,11 +64,6 @@ class TrainerSettings:
     sampler_temperature: float
     num_samplers: int
     provenance: dict = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, config: RunConfig) -> TrainerSettings:
-        """The trainer's share of the run ``config`` (its provenance taken on this machine)."""
-        return cls(config.trainer, config.sampler.temperature, config.num_samplers, provenance(config))
 
 
 @dataclass

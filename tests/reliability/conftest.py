@@ -13,7 +13,8 @@ from nibble.model import MoETransformer, tiny
 from nibble.recipe import PrecisionPlan, param_groups
 from nibble.tasks import get_task
 from nibble.trainer import checkpoint
-from nibble.trainer.service import Links, Policy, Trainer, TrainerSettings
+from nibble.trainer.main import settings as trainer_settings
+from nibble.trainer.service import Links, Policy, Trainer
 from nibble.transport import AdmissionCounter, TrajectoryReader, TrajectoryWriter, connect
 from nibble.wire import pb
 
@@ -67,7 +68,7 @@ class InProcessTrainer:
         out.mkdir(parents=True, exist_ok=True)
         links = Links(reader, self.admission, publisher)
         policy = Policy(model, optimizer, state)
-        settings = TrainerSettings.of(config)
+        settings = trainer_settings(config)
         self.trainer = Trainer(settings, task, policy, links, self.metrics, out, stop=threading.Event())
 
 
@@ -100,12 +101,13 @@ def tiny_engine(vocab: int, plan: PrecisionPlan | None = None):
 def make_sampler(config: RunConfig, engine=None, name: str = "sampler", subscriber=None):
     """A real :class:`~nibble.sampler.service.Sampler` (no weight-sync) on the built-in engine with a tiny
     random bf16 model, or on ``engine``."""
-    from nibble.sampler.service import Sampler, SamplerSettings
+    from nibble.sampler.main import settings as sampler_settings
+    from nibble.sampler.service import Sampler
 
     task = get_task(config.task.name, **config.task.options)
     engine = engine or tiny_engine(task.tokenizer.vocab_size)
     client = connect(config.redis)
-    settings = SamplerSettings.of(config)
+    settings = sampler_settings(config)
     return Sampler(
         settings, task, engine, TrajectoryWriter(client, config.redis), AdmissionCounter(client, config.redis),
         subscriber, Metrics("sampler"), name=name,

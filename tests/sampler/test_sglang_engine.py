@@ -234,12 +234,13 @@ class NoTensors:
 
 def sampler_on(engine):
     from nibble.metrics import Metrics
-    from nibble.sampler.service import Sampler, SamplerSettings
+    from nibble.sampler.main import settings
+    from nibble.sampler.service import Sampler
     from nibble.tasks import get_task
 
     config = RunConfig(task={"name": "addition", "options": {"digits": 1, "eval_size": 4, "holdout_fraction": 0.5}})
     task = get_task(config.task.name, **config.task.options)
-    return Sampler(SamplerSettings.of(config), task, engine, None, None, NoTensors(), Metrics("sampler"))
+    return Sampler(settings(config), task, engine, None, None, NoTensors(), Metrics("sampler"))
 
 
 def test_the_sampler_swaps_an_sglang_server_to_an_announced_version_without_fetching_tensors(server, tmp_path):

@@ -13,7 +13,8 @@ from nibble.model import MoETransformer, tiny
 from nibble.recipe import PrecisionPlan
 from nibble.tasks import get_task
 from nibble.trainer.checkpoint import TrainerState, latest
-from nibble.trainer.service import Links, Policy, Trainer, TrainerSettings
+from nibble.trainer.main import settings
+from nibble.trainer.service import Links, Policy, Trainer
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +43,6 @@ def test_a_stop_during_the_evaluation_leaves_no_record_and_no_checkpoint(task, t
     stop = threading.Event()
     stop.set()  # SIGTERM arrived: the warm start's evaluation (step 0) is what is under way
     policy = Policy(model, optimizer, TrainerState())
-    trainer = Trainer(TrainerSettings.of(config), task, policy, Links(), Metrics("trainer"), tmp_path, stop=stop)
+    trainer = Trainer(settings(config), task, policy, Links(), Metrics("trainer"), tmp_path, stop=stop)
     assert trainer.run() is False
     assert not (tmp_path / "metrics.jsonl").exists() and latest(tmp_path / "trainer") is None
