@@ -85,7 +85,7 @@ class Shard(Parallelism):
         return Scores(logprobs=whole[0], entropy=whole[1], mask=batch.mask)
 
     def update_rows(self, batch: Batch, groups: list[int], correction_level: str) -> tuple[torch.Tensor, float, int]:
-        """This rank's rows; the loss divides by the whole update's valid tokens (DESIGN.md §4)."""
+        """This rank's rows; the loss divides by the whole update's valid tokens (see the module docstring)."""
         rows = batch.rows_of_groups(groups)
         level = correction_level
         num_valid = int(valid_token_mask(batch.sampler_logprobs[rows], batch.mask[rows], correction_level=level).sum())
