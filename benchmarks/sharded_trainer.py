@@ -141,7 +141,7 @@ def _measure(model, optimizer, batch, config, shard, args) -> dict:
     for step in range(args.warmup + args.steps):
         _synchronize(args.device)
         started = time.perf_counter()
-        result = train_on_batch(model, optimizer, batch, config, shard=shard)
+        result = train_on_batch(model, optimizer, batch, config, parallel=shard)
         _synchronize(args.device)
         if step >= args.warmup:
             seconds.append(time.perf_counter() - started)
@@ -172,7 +172,7 @@ def _profile(model, optimizer, batch, config, shard, args) -> dict | None:
     _synchronize(args.device)
     with profile(activities=activities) as recording:
         started = time.perf_counter()
-        train_on_batch(model, optimizer, batch, config, shard=shard)
+        train_on_batch(model, optimizer, batch, config, parallel=shard)
         _synchronize(args.device)
         wall = time.perf_counter() - started
     return summarize(list(recording.events()), wall, cuda) if shard.rank == 0 else None

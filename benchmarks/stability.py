@@ -1,10 +1,11 @@
 """Stability evidence: the RL loop over a grid of precision variants × seeds, with per-step records.
 
 Each run starts from the same SFT warm start and runs Nibble's own code paths in one process: the
-sampler's ``BuiltinEngine`` (packed sampler-form model) generates, the task scores, ``build_group``
-turns samples into wire groups, the trainer's ``assemble`` and ``train_on_batch`` (π_old, GRPO
-advantages, the TIS-corrected clipped loss, AdamW) train, and every new version travels as weight-sync
-would send it (``published_state`` → ``quantize_state`` → ``update_weights``). Staleness is simulated:
+sampler's ``rollout`` step (its ``BuiltinEngine``, a packed sampler-form model, generates, the task
+scores, ``build_group`` turns samples into wire groups), the trainer's ``assemble`` and
+``train_on_batch`` (π_old, GRPO advantages, the TIS-corrected clipped loss, AdamW) train, and every
+new version travels as weight-sync would send it (``published_state`` → ``quantize_state`` →
+``update_weights``). Staleness is simulated:
 the last ``max_staleness + 1`` published versions are kept, and each generation batch of
 ``groups_per_batch`` groups is sampled with a version ``lag`` steps old, ``lag`` drawn uniformly from
 ``0..min(max_staleness, v)`` by a seeded generator (the same lags for every variant of a seed), so both
@@ -46,8 +47,8 @@ from nibble.model import from_pretrained, load_config
 from nibble.recipe import PrecisionPlan, param_groups
 from nibble.recipe.export import published_state, quantize_state
 from nibble.sampler.engine import BuiltinEngine
-from nibble.sampler.groups import build_group
-from nibble.tasks import Task, decode_response, get_task
+from nibble.sampler.rollout import Sampling, rollout
+from nibble.tasks import Task, get_task
 from nibble.tasks.evaluation import accuracy
 from nibble.trainer.batch import assemble
 from nibble.trainer.step import train_on_batch
@@ -185,37 +186,19 @@ class VersionedSampler:
 
 
 def generate_groups(sampler: VersionedSampler, task: Task, examples, version: int, setting: Setting, seed: int):
-    """Sample and score one generation batch with ``version``; wire groups of ≥ 2 responses."""
+    """Sample and score one generation batch with ``version`` (the sampler's own rollout step); wire
+    groups of ≥ 2 responses."""
     sampler.use(version)
-    prompts = [task.prompt_ids(e) for e in examples]
-    samples = sampler.engine.generate(
-        prompts,
-        n=setting.group_size,
-        max_new_tokens=setting.max_new_tokens,
-        temperature=setting.temperature,
-        top_p=1.0,
-        stop_tokens=[task.tokenizer.eos_id],
-        seed=seed,
+    sampling = Sampling(setting.group_size, setting.max_new_tokens, setting.temperature, top_p=1.0)
+
+    def naming(example, responses: int) -> tuple[list[str], str]:
+        return [f"{example.id}/{seed}/{i}" for i in range(responses)], f"{example.id}/{seed}"
+
+    started = time.time()
+    scored = rollout(
+        sampler.engine, task, examples, sampling, seed=seed, sampler_id="stability", naming=naming, started_at=started
     )
-    groups = []
-    for example, prompt, group_samples in zip(examples, prompts, samples, strict=True):
-        responses = [decode_response(task, s.tokens) for s in group_samples]
-        rewards = task.score_many([example] * len(group_samples), responses)
-        outcome = build_group(
-            example_id=example.id,
-            prompt_tokens=prompt,
-            samples=group_samples,
-            rewards=rewards,
-            trajectory_ids=[f"{example.id}/{seed}/{i}" for i in range(len(group_samples))],
-            group_id=f"{example.id}/{seed}",
-            policy_version=version,
-            sampler_id="stability",
-            temperature=setting.temperature,
-            started_at=time.time(),
-        )
-        if outcome.group is not None:
-            groups.append(outcome.group)
-    return groups
+    return [s.group for s in scored if s.group is not None]
 
 
 def evaluate(model, task: Task) -> float:

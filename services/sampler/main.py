@@ -54,7 +54,7 @@ def build(config, name: str, out: Path | None):
     client = connect(config.redis)
     subscriber = subscriber_from_config(config.weightsync, name)
     return Sampler(
-        config,
+        settings(config),
         task,
         engine,
         RedisTrajectoryWriter(client, config.redis),
@@ -65,6 +65,15 @@ def build(config, name: str, out: Path | None):
         stats_file=stats_file(out, name),
         registry=SamplerRegistry(client, config.redis),
     )
+
+
+def settings(config):
+    """The sampler's :class:`~nibble.sampler.service.SamplerSettings`: its section, the stream's, and the
+    trainer's admission numbers (how far ahead of the trainer samplers may run)."""
+    from nibble.sampler.service import SamplerSettings
+
+    t = config.trainer
+    return SamplerSettings(config.sampler, config.redis, t.max_staleness, t.groups_per_step * t.publish_every)
 
 
 def builtin_engine(config, task):

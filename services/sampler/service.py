@@ -13,11 +13,11 @@ from pathlib import Path
 
 import grpc
 
-from nibble.config import RunConfig
+from nibble.config import RedisConfig, SamplerConfig
 from nibble.monitoring.metrics import Metrics
 from nibble.sampler.engine import Engine, EngineUnavailable
-from nibble.sampler.groups import build_group
-from nibble.tasks import Task, decode_response
+from nibble.sampler.rollout import GenerationFailed, Sampling, ScoredGroup, rollout
+from nibble.tasks import Task
 from nibble.transport.stream import AdmissionCounter, TrajectoryWriter, allowed_groups
 from nibble.transport.stream.presence import SamplerRegistry
 from nibble.transport.weights import StreamStalled, WeightRejected, WeightSubscriber
@@ -56,8 +56,28 @@ class SamplerStats:
     engine_failures: int = 0
 
 
+@dataclass(frozen=True)
+class SamplerSettings:
+    """The sampler's config section plus the few run-wide values it needs (not the whole run config;
+    :func:`nibble.sampler.main.settings` takes them from it).
+
+    Attributes:
+        sampler: the ``sampler`` section.
+        redis: the stream's section (admission lease, heartbeat and connect timings).
+        max_staleness: the oldest version lag the trainer accepts (``trainer.max_staleness``).
+        groups_per_version: groups the trainer consumes per published version
+            (``trainer.groups_per_step × trainer.publish_every``).
+    """
+
+    sampler: SamplerConfig
+    redis: RedisConfig
+    max_staleness: int
+    groups_per_version: int
+
+
 class Sampler:
-    """One sampler process's work. ``run()`` returns when ``stop`` is set.
+    """One sampler process's work: :func:`~nibble.sampler.rollout.rollout` batches and the I/O around
+    them (admission, stream writes, weight swaps, metrics). ``run()`` returns when ``stop`` is set.
 
     Admission (AReaL's rule, docs/design.md §5): a group may start while groups started ≤
     ``(v + max_staleness + 1) × groups_per_version`` with ``v`` the trainer's version, so samplers never
@@ -66,7 +86,7 @@ class Sampler:
 
     def __init__(
         self,
-        config: RunConfig,
+        settings: SamplerSettings,
         task: Task,
         engine: Engine,
         writer: TrajectoryWriter,
@@ -77,10 +97,16 @@ class Sampler:
         stats_file: Path | None = None,
         registry: SamplerRegistry | None = None,
     ):
-        self.config, self.task, self.engine = config, task, engine
+        self.settings, self.config, self.task, self.engine = settings, settings.sampler, task, engine
         self.writer, self.admission, self.subscriber, self.metrics = writer, admission, subscriber, metrics
         self.registry = registry
         self.sampler_id = f"{name}-{uuid.uuid4().hex[:8]}"  # unique per process: trajectory ids never repeat
+        self.sampling = Sampling(
+            group_size=self.config.group_size,
+            max_new_tokens=self.config.max_new_tokens or task.max_response_tokens,
+            temperature=self.config.temperature,
+            top_p=self.config.top_p,
+        )
         self.stop = threading.Event()
         self.stats = SamplerStats()
         self.stats_file = stats_file
@@ -176,13 +202,13 @@ class Sampler:
         Nothing is reserved while this sampler's weights are older than the trainer accepts
         (``trainer version − max_staleness``): such groups would only be dropped as stale.
         """
-        t = self.config.trainer
+        staleness = self.settings.max_staleness
         version = self.admission.trainer_version()
-        if self.engine.policy_version < version - t.max_staleness:
+        if self.engine.policy_version < version - staleness:
             return 0
         granted = 0
-        allowed = allowed_groups(version, t.max_staleness, t.groups_per_step * t.publish_every)
-        while granted < self.config.sampler.groups_per_batch and self.admission.reserve(allowed, self.sampler_id):
+        allowed = allowed_groups(version, staleness, self.settings.groups_per_version)
+        while granted < self.config.groups_per_batch and self.admission.reserve(allowed, self.sampler_id):
             granted += 1
         return granted
 
@@ -202,38 +228,40 @@ class Sampler:
         if not granted:
             return False
         examples = [next(self._examples) for _ in range(granted)]
-        written, started, version = 0, time.time(), self.engine.policy_version
+        written = 0
         try:
-            samples = self.generate([self.task.prompt_ids(e) for e in examples])
-            if samples is not None:
-                written = self.score_and_write(examples, samples, version, started)
+            groups = self.generate(examples)
+            if groups is not None:
+                written = self.write(groups)
         finally:
             self.admission.release(granted - written, holder=self.sampler_id)
         return True
 
-    def generate(self, prompts: list[list[int]]):
-        """The engine's samples for ``prompts``, or ``None`` after an engine error (logged, counted).
+    def generate(self, examples) -> list[ScoredGroup] | None:
+        """One :func:`rollout` of ``examples``, or ``None`` after an engine error (logged, counted).
 
         Raises:
             EngineFailed: this was the ``max_engine_failures``-th failed batch in a row.
         """
-        s = self.config.sampler
+        s = self.config
         try:
-            samples = self.engine.generate(
-                prompts,
-                n=s.group_size,
-                max_new_tokens=s.max_new_tokens or self.task.max_response_tokens,
-                temperature=s.temperature,
-                top_p=s.top_p,
-                stop_tokens=[self.task.tokenizer.eos_id],
+            groups = rollout(
+                self.engine,
+                self.task,
+                examples,
+                self.sampling,
                 seed=next(self._counter),
+                sampler_id=self.sampler_id,
+                naming=self._names,
+                started_at=time.time(),
             )
-        except Exception as exc:  # any engine (built-in or external) may fail in its own way
+        except GenerationFailed as failed:
+            exc = failed.__cause__
             self._failures_in_a_row += 1
             self.stats.engine_failures += 1
             log.warning(
                 "generation failed (%d of %d in a row): %s: %s",
-                self._failures_in_a_row, s.max_engine_failures, type(exc).__name__, exc, exc_info=True,
+                self._failures_in_a_row, s.max_engine_failures, type(exc).__name__, exc, exc_info=exc,
             )  # fmt: skip
             if self._failures_in_a_row >= s.max_engine_failures:
                 raise EngineFailed(
@@ -244,44 +272,31 @@ class Sampler:
         self._failures_in_a_row = 0
         self._fetch_retry_at = 0.0  # time.monotonic() before which a failed fetch is not retried
         self._fetch_backoff = FETCH_RETRY_FIRST_SECONDS
-        return samples
+        return groups
 
-    def score_and_write(self, examples, samples, version: int, started: float) -> int:
-        """Reward, build and write one group per example (sampled at ``version``, starting at ``started``,
-        Unix seconds); returns how many were written (each turning one of this sampler's reservations into
-        a written group in the same Redis transaction)."""
-        s, task = self.config.sampler, self.task
-        prompts = [task.prompt_ids(e) for e in examples]
+    def _names(self, example, responses: int) -> tuple[list[str], str]:
+        """This sampler's ids for one group (its counter: trajectory ids never repeat in the process)."""
+        ids = [f"{self.sampler_id}-{next(self._counter)}" for _ in range(responses)]
+        return ids, f"{self.sampler_id}-g{next(self._counter)}"
+
+    def write(self, groups: list[ScoredGroup]) -> int:
+        """Count and write one batch's scored groups; returns how many were written (each turning one of
+        this sampler's reservations into a written group in the same Redis transaction)."""
         written = 0
-        for example, prompt, group_samples in zip(examples, prompts, samples, strict=True):
-            responses = [decode_response(task, x.tokens) for x in group_samples]
-            rewards = task.score_many([example] * len(group_samples), responses)
-            ids = [f"{self.sampler_id}-{next(self._counter)}" for _ in group_samples]
-            outcome = build_group(
-                example_id=example.id,
-                prompt_tokens=prompt,
-                samples=group_samples,
-                rewards=rewards,
-                trajectory_ids=ids,
-                group_id=f"{self.sampler_id}-g{next(self._counter)}",
-                policy_version=version,
-                sampler_id=self.sampler_id,
-                temperature=s.temperature,
-                started_at=started,
-            )
-            self.stats.responses_removed += outcome.removed
-            if outcome.removed:
-                self.metrics.rejected.labels(reason="bad_response").inc(outcome.removed)
-            tokens = sum(len(x.tokens) for x in group_samples)
+        for scored in groups:
+            self.stats.responses_removed += scored.removed
+            if scored.removed:
+                self.metrics.rejected.labels(reason="bad_response").inc(scored.removed)
+            tokens = sum(scored.response_tokens)
             self.stats.tokens += tokens
             self.metrics.tokens.labels(role="sampler").inc(tokens)
-            for x in group_samples:
-                self.metrics.response_tokens.observe(len(x.tokens))
-            if outcome.group is None:
+            for length in scored.response_tokens:
+                self.metrics.response_tokens.observe(length)
+            if scored.group is None:
                 self.stats.groups_not_written += 1
                 continue
             try:
-                self.writer.write(outcome.group, also=lambda pipe: self.admission.commit(self.sampler_id, pipe))
+                self.writer.write(scored.group, also=lambda pipe: self.admission.commit(self.sampler_id, pipe))
             except ValueError as exc:  # refused by the stream's validation: never written, slot given back
                 log.warning("%s", exc)
                 self.metrics.rejected.labels(reason="refused_group").inc()
@@ -309,7 +324,7 @@ class Sampler:
     def renew_lease(self) -> None:
         """Background thread: renew this sampler's admission lease three times per lease period, so its
         reservations outlive a long batch but come back soon after the process dies."""
-        period = self.config.redis.admission_lease_seconds / 3
+        period = self.settings.redis.admission_lease_seconds / 3
         while not self.stop.wait(period):
             try:
                 self.admission.renew(self.sampler_id)
@@ -323,7 +338,7 @@ class Sampler:
                 self.registry.beat(self.sampler_id)
             except Exception as exc:  # a missed beat only ages this sampler out; the main loop reports Redis
                 log.warning("heartbeat of %s failed: %s", self.sampler_id, exc)
-            if self.stop.wait(self.config.redis.sampler_heartbeat_seconds):
+            if self.stop.wait(self.settings.redis.sampler_heartbeat_seconds):
                 break
         try:
             self.registry.leave(self.sampler_id)
@@ -355,5 +370,5 @@ class Sampler:
             if self.subscriber is not None:
                 self.subscriber.close()  # ends the watch thread
             if heart.is_alive():
-                heart.join(timeout=self.config.redis.connect_timeout_seconds)
+                heart.join(timeout=self.settings.redis.connect_timeout_seconds)
             self.write_stats()

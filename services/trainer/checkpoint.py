@@ -17,17 +17,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
-from torch.distributed.checkpoint.api import CheckpointException
 
 from nibble.model import MoETransformer
-from nibble.model.hf import write_config
-from nibble.trainer import sharded
-from nibble.trainer.sharded import Shard
+from nibble.trainer.parallel import OPTIMIZER_FILE, SHARDED_DIR, SINGLE_PROCESS, Parallelism
 
 STATE_FILE = "trainer_state.json"
-OPTIMIZER_FILE = "optimizer.safetensors"
-SHARDED_DIR = "sharded"
 
 log = logging.getLogger("nibble.trainer")
 
@@ -70,35 +64,28 @@ def save(
     optimizer: torch.optim.Optimizer,
     state: TrainerState,
     keep: int = 2,
-    shard: Shard | None = None,
+    parallel: Parallelism = SINGLE_PROCESS,
 ) -> Path:
     """Write checkpoint ``step-<n>`` under ``directory`` atomically, point ``latest`` at it, then delete all
     but the newest ``keep`` checkpoints (a run checkpoints every step: kept, the tiny model's 15 MB each
     filled 7 GB per 450-step run). The one before ``latest`` stays as a fallback.
 
-    With ``shard`` every rank calls this (the write is collective): model and optimiser go to
-    ``sharded/`` through ``torch.distributed.checkpoint``, rank 0 writes ``config.json`` and the state and
-    moves the directory into place; every rank returns once it is there.
+    Every process of ``parallel`` calls this (a sharded write is collective): each writes its part of model
+    and optimiser (:meth:`Parallelism.save_weights`), the leader writes the state and moves the directory
+    into place; every process returns once it is there.
 
     Raises:
         ValueError: ``keep`` < 1.
     """
     if keep < 1:
         raise ValueError(f"keep={keep} must be at least 1 (the checkpoint just written)")
-    leader = shard is None or shard.rank == 0
+    leader = parallel.leader
     final = directory / f"step-{state.step:08d}"
     tmp = directory / f".tmp-step-{state.step:08d}"
     if leader:
         directory.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
-    if shard is None:
-        model.save_pretrained(tmp)
-        save_file(_optimizer_tensors(model, optimizer), str(tmp / OPTIMIZER_FILE))
-    else:
-        sharded.barrier()  # the stale temporary directory is gone before any rank writes
-        sharded.save_checkpoint(model, optimizer, tmp / SHARDED_DIR)
-        if leader:
-            write_config(model.config, tmp)
+    parallel.save_weights(model, optimizer, tmp)
     if leader:
         (tmp / STATE_FILE).write_text(json.dumps(asdict(state)) + "\n")
         fsync_tree(tmp)  # on disk before the rename makes it the checkpoint (a power cut keeps old or new)
@@ -111,8 +98,7 @@ def save(
         fsync_tree(directory, recurse=False)  # the renames themselves
         for old in sorted(directory.glob("step-*"))[:-keep]:  # zero-padded step numbers sort in step order
             shutil.rmtree(old, ignore_errors=True)
-    if shard is not None:
-        sharded.barrier()
+    parallel.barrier()
     return final
 
 
@@ -166,22 +152,17 @@ def check_layout(path: Path, *, sharded: bool) -> None:
         raise ValueError(f"{path}: written by a sharded trainer; resume it with trainer.nproc_per_node > 1")
 
 
-def load_sharded(path: Path, model: MoETransformer, optimizer: torch.optim.Optimizer) -> None:
-    """Restore a sharded checkpoint's model and optimiser into an already sharded ``model`` (any number of
-    ranks: ``torch.distributed.checkpoint`` reshards).
+def load_weights(
+    path: Path, model: MoETransformer, optimizer: torch.optim.Optimizer, parallel: Parallelism = SINGLE_PROCESS
+) -> None:
+    """Restore checkpoint ``path``'s model and optimiser state written by ``parallel``'s kind of trainer.
 
     Raises:
-        ValueError: ``path`` was written by a single-process trainer (its weights are safetensors), or its
+        ValueError: ``path`` was written by the other kind of trainer (sharded vs single-process), or its
             files are missing or damaged.
     """
-    check_layout(path, sharded=True)
-    try:
-        sharded.load_checkpoint(model, optimizer, Path(path) / SHARDED_DIR)
-    except (OSError, RuntimeError, AssertionError, ValueError, CheckpointException) as exc:  # DCP's failures
-        raise ValueError(
-            f"{path}: unreadable sharded checkpoint ({type(exc).__name__}: {exc}); move it aside to resume "
-            "from the checkpoint before it"
-        ) from exc
+    check_layout(path, sharded=parallel.sharded)
+    parallel.load_weights(path, model, optimizer)
 
 
 def latest(directory: Path) -> Path | None:
@@ -228,37 +209,3 @@ def load_state(path: Path) -> TrainerState:
         return TrainerState(**json.loads(file.read_text()))
     except (OSError, json.JSONDecodeError, TypeError) as exc:
         raise ValueError(f"{file}: unreadable trainer state ({exc})") from exc
-
-
-def load_optimizer(path: Path, model: MoETransformer, optimizer: torch.optim.Optimizer) -> None:
-    """Restore AdamW moments and step counts saved by :func:`save` into ``optimizer`` (on each parameter's
-    device).
-
-    Raises:
-        ValueError: ``path`` was written by a sharded trainer (see :func:`load_sharded`).
-    """
-    check_layout(path, sharded=False)
-    tensors = load_file(str(Path(path) / OPTIMIZER_FILE))
-    names = {id(p): n for n, p in model.named_parameters()}
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            name = names[id(param)]
-            if f"{name}::exp_avg" not in tensors:
-                continue
-            optimizer.state[param] = {
-                "step": tensors[f"{name}::step"].clone(),
-                "exp_avg": tensors[f"{name}::exp_avg"].to(param.device),
-                "exp_avg_sq": tensors[f"{name}::exp_avg_sq"].to(param.device),
-            }
-
-
-def _optimizer_tensors(model: MoETransformer, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
-    out = {}
-    for name, param in model.named_parameters():
-        state = optimizer.state.get(param)
-        if not state:
-            continue
-        out[f"{name}::exp_avg"] = state["exp_avg"].detach().cpu().contiguous()
-        out[f"{name}::exp_avg_sq"] = state["exp_avg_sq"].detach().cpu().contiguous()
-        out[f"{name}::step"] = torch.as_tensor(state["step"], dtype=torch.float32).reshape(1).cpu()
-    return out

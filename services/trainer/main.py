@@ -38,70 +38,87 @@ def build(config, out: Path, stop: threading.Event):
     """
     import torch
 
-    from nibble.config import devices
-    from nibble.model import from_pretrained, load_config
     from nibble.monitoring.metrics import Metrics
-    from nibble.recipe import PrecisionPlan, param_groups
     from nibble.tasks import get_task
-    from nibble.trainer import checkpoint, sharded
     from nibble.trainer.backend import check_backend
-    from nibble.trainer.service import Trainer
+    from nibble.trainer.service import Links, Trainer
 
     t = config.trainer
     check_backend(t.backend, t.device)
     torch.set_num_threads(t.threads)
     torch.manual_seed(config.seed)
-    if sharded.launched_by_torchrun():
-        if t.device != "cpu" and not torch.cuda.is_available():
-            raise ValueError(f"trainer.device={t.device} but no CUDA GPU is visible to this process")
-        shard = sharded.init_process_group(t.device, t.collective_timeout_s)
-        device = None
-    else:
-        shard, device = None, devices.resolve("trainer.device", t.device, t.gpu_memory_fraction)
-    resume = checkpoint.latest(t.checkpoint_dir)
-    if resume is not None:
-        checkpoint.check_layout(resume, sharded=shard is not None)
-    # sharded: every rank loads the warm start, keeps its shard, then the checkpoint's shards replace it
-    source = resume if resume is not None and shard is None else config.model.checkpoint
-    layers = load_config(source).num_hidden_layers
-    plan = PrecisionPlan.from_config(config.plan, layers, config.plan_device)
-    model = from_pretrained(source, plan=plan).train()
-    model = model.to(device) if shard is None else sharded.shard_model(model)
-    optimizer = torch.optim.AdamW(param_groups(model, plan, t.weight_decay), lr=t.learning_rate)
-    if resume is not None:
-        load = checkpoint.load_optimizer if shard is None else checkpoint.load_sharded
-        load(resume, model, optimizer)
-    state = checkpoint.load_state(resume) if resume is not None else checkpoint.TrainerState()
+    parallel, device = _parallelism(t)
+    policy = build_policy(t, config.model.checkpoint, config.plan, config.plan_device, parallel, device)
     task = get_task(config.task.name, **config.task.options)
     metrics = Metrics("trainer")
-    services, published = (None, None, None, None), 0
-    if shard is None or shard.rank == 0:
-        services, published = _connect(config, metrics)
-    if shard is not None:
-        published = sharded.broadcast(published)
-    reader, admission, samplers, publisher = services
-    trainer = Trainer(
-        config,
-        task,
-        model,
-        optimizer,
-        state,
-        reader,
-        admission,
-        publisher,
-        metrics,
-        out,
-        stop=stop,
-        shard=shard,
-        samplers=samplers,
-    )
+    links, published = Links(), 0
+    if parallel.leader:
+        links, published = _connect(config, metrics)
+    published = parallel.broadcast(published)
+    trainer = Trainer(settings(config), task, policy, links, metrics, out, parallel=parallel, stop=stop)
     trainer.continue_above(published)
     return trainer
+
+
+def settings(config):
+    """The trainer's :class:`~nibble.trainer.service.TrainerSettings`: its section, the temperature samplers
+    sample at, the run's sampler count, and the run's provenance on this machine."""
+    from nibble.rundir.provenance import provenance
+    from nibble.trainer.service import TrainerSettings
+
+    return TrainerSettings(config.trainer, config.sampler.temperature, config.num_samplers, provenance(config))
+
+
+def _parallelism(t):
+    """This process's :class:`~nibble.trainer.parallel.Parallelism` and, single-process, its device.
+
+    Raises:
+        ValueError: ``trainer.device`` names a device this process cannot use.
+    """
+    import torch
+
+    from nibble.config import devices
+    from nibble.trainer import sharded
+    from nibble.trainer.parallel import SINGLE_PROCESS
+
+    if not sharded.launched_by_torchrun():
+        return SINGLE_PROCESS, devices.resolve("trainer.device", t.device, t.gpu_memory_fraction)
+    if t.device != "cpu" and not torch.cuda.is_available():
+        raise ValueError(f"trainer.device={t.device} but no CUDA GPU is visible to this process")
+    return sharded.init_process_group(t.device, t.collective_timeout_s), None
+
+
+def build_policy(t, warm_start: Path, plan_config, plan_device, parallel, device):
+    """Model, optimiser and counters of the ``trainer`` section ``t``: the latest checkpoint's, else the
+    warm start's (``plan_config`` on ``plan_device``: the run's precision plan), placed by ``parallel``.
+
+    Raises:
+        ValueError: a checkpoint written with another layout (sharded vs single-process), or damaged.
+    """
+    import torch
+
+    from nibble.model import from_pretrained, load_config
+    from nibble.recipe import PrecisionPlan, param_groups
+    from nibble.trainer import checkpoint
+    from nibble.trainer.service import Policy
+
+    resume = checkpoint.latest(t.checkpoint_dir)
+    if resume is not None:
+        checkpoint.check_layout(resume, sharded=parallel.sharded)
+    source = parallel.model_source(resume, warm_start)
+    plan = PrecisionPlan.from_config(plan_config, load_config(source).num_hidden_layers, plan_device)
+    model = parallel.prepare_model(from_pretrained(source, plan=plan).train(), device)
+    optimizer = torch.optim.AdamW(param_groups(model, plan, t.weight_decay), lr=t.learning_rate)
+    if resume is not None:
+        checkpoint.load_weights(resume, model, optimizer, parallel)
+    state = checkpoint.load_state(resume) if resume is not None else checkpoint.TrainerState()
+    return Policy(model, optimizer, state)
 
 
 def _connect(config, metrics):
     """Rank 0's links to the outside (metrics endpoint, the stream, admission, live samplers, weight-sync)
     and the highest policy version ever published (:func:`highest_published`)."""
+    from nibble.trainer.service import Links
     from nibble.transport.stream import AdmissionCounter, RedisTrajectoryReader, connect
     from nibble.transport.stream.presence import SamplerRegistry
     from nibble.transport.weights import publisher_from_config
@@ -118,8 +135,8 @@ def _connect(config, metrics):
 
     reader = RedisTrajectoryReader(client, config.redis, consumer="trainer", on_dead_letter=on_dead_letter)
     publisher = publisher_from_config(config.weightsync)
-    services = (reader, admission, SamplerRegistry(client, config.redis), publisher)
-    return services, highest_published(publisher, admission)
+    links = Links(reader, admission, publisher, SamplerRegistry(client, config.redis))
+    return links, highest_published(publisher, admission)
 
 
 def highest_published(publisher, admission) -> int:
@@ -151,10 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if health is not None:
             health.stop()
-    if trainer.shard is not None:
-        from nibble.trainer import sharded
-
-        sharded.close()
+    trainer.parallel.close()
     # Stopped before total_steps is not success: a Kubernetes Job must not count an evicted trainer done.
     return 0 if finished else STOPPED_EXIT_CODE
 

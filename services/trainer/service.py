@@ -11,19 +11,17 @@ from pathlib import Path
 
 import torch
 
-from nibble.config import RunConfig
+from nibble.config import TrainerConfig
 from nibble.model import MoETransformer
 from nibble.monitoring.metrics import Metrics
-from nibble.recipe.export import published_state
-from nibble.rundir.provenance import provenance
 from nibble.simulator.drift_model import drift_headroom
 from nibble.tasks import Task
 from nibble.tasks.evaluation import EvaluationStopped, accuracy
-from nibble.trainer import checkpoint, sharded
+from nibble.trainer import checkpoint
 from nibble.trainer.batch import assemble
 from nibble.trainer.demand import sampler_demand
 from nibble.trainer.intake import untrainable_reason
-from nibble.trainer.sharded import Shard
+from nibble.trainer.parallel import SINGLE_PROCESS, Parallelism
 from nibble.trainer.step import StepResult, train_on_batch
 from nibble.transport.stream import AdmissionCounter, StreamEntry, TrajectoryReader
 from nibble.transport.stream.presence import SamplerRegistry
@@ -51,36 +49,73 @@ class Consumed:
     idle_seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class TrainerSettings:
+    """The trainer's config section plus the few run-wide values it needs (not the whole run config;
+    :func:`nibble.trainer.main.settings` takes them from it).
+
+    Attributes:
+        trainer: the ``trainer`` section.
+        sampler_temperature: the temperature samplers sample at (a group at another one is untrainable).
+        num_samplers: the samplers the run starts, for the demand estimate when none report as live.
+        provenance: recorded in every checkpoint (:func:`nibble.rundir.provenance.provenance` of the run).
+    """
+
+    trainer: TrainerConfig
+    sampler_temperature: float
+    num_samplers: int
+    provenance: dict = field(default_factory=dict)
+
+
+@dataclass
+class Policy:
+    """What training changes and checkpoints: the model, its optimiser and the counters beside them."""
+
+    model: MoETransformer
+    optimizer: torch.optim.Optimizer
+    state: checkpoint.TrainerState
+
+
+@dataclass
+class Links:
+    """The leader's links to the outside; other processes (and tests without Redis) hold none.
+
+    ``reader``: the trajectory stream. ``admission``: the samplers' admission counter. ``publisher``:
+    weight-sync (``None``: versions only counted). ``samplers``: live samplers (``None``: the run's
+    ``num_samplers``).
+    """
+
+    reader: TrajectoryReader | None = None
+    admission: AdmissionCounter | None = None
+    publisher: WeightPublisher | None = None
+    samplers: SamplerRegistry | None = None
+
+
 class Trainer:
     """One trainer process's work; :meth:`run` trains until ``trainer.total_steps``.
 
-    With ``shard`` (one of ``torchrun``'s ranks, the model FSDP2-sharded) rank 0 alone reads the stream,
-    publishes, acknowledges and records metrics (the others get ``None`` for ``reader``, ``admission``,
-    ``samplers`` and ``publisher``); it broadcasts each consumed batch, or the stop, and every rank trains, evaluates,
-    gathers the published weights and checkpoints together.
+    The ``parallel`` leader alone reads the stream, publishes, acknowledges and records metrics; it
+    broadcasts each consumed batch, or the stop, and every process trains, evaluates, gathers the
+    published weights and checkpoints together (one process: it does all of it).
     """
 
     def __init__(
         self,
-        config: RunConfig,
+        settings: TrainerSettings,
         task: Task,
-        model: MoETransformer,
-        optimizer: torch.optim.Optimizer,
-        state: checkpoint.TrainerState,
-        reader: TrajectoryReader | None,
-        admission: AdmissionCounter | None,
-        publisher: WeightPublisher | None,
+        policy: Policy,
+        links: Links,
         metrics: Metrics,
         out: Path,
+        parallel: Parallelism = SINGLE_PROCESS,
         stop: threading.Event | None = None,
-        shard: Shard | None = None,
-        samplers: SamplerRegistry | None = None,
     ):
-        self.config, self.task, self.model, self.optimizer, self.state = config, task, model, optimizer, state
-        self.reader, self.admission, self.publisher, self.metrics = reader, admission, publisher, metrics
-        self.samplers = samplers
-        self.ledger = checkpoint.Ledger(config.trainer.ledger_size, state.trained)
-        self.dropped = checkpoint.Ledger(config.trainer.ledger_size, state.stale_dropped)
+        self.settings, self.config, self.task, self.parallel = settings, settings.trainer, task, parallel
+        self.model, self.optimizer, self.state = policy.model, policy.optimizer, policy.state
+        self.reader, self.admission, self.publisher = links.reader, links.admission, links.publisher
+        self.samplers, self.metrics = links.samplers, metrics
+        self.ledger = checkpoint.Ledger(self.config.ledger_size, self.state.trained)
+        self.dropped = checkpoint.Ledger(self.config.ledger_size, self.state.stale_dropped)
         self.unacked: list[str] = []
         # Entries dropped as stale since the last checkpoint: a trainer that stops before its next step is
         # checkpointed still records them (see _keep_drops), or a resumed one would drop them again and give
@@ -90,16 +125,14 @@ class Trainer:
         self.metrics_file = out / "metrics.jsonl"
         self.stop = stop or threading.Event()
         self.stale_dropped_total = 0
-        self.shard = shard
-        self.leader = shard is None or shard.rank == 0
-        self.provenance = provenance(config)
-        self.checkpointed_step = state.step
+        self.leader = parallel.leader
+        self.checkpointed_step = self.state.step
 
     # -- consuming -----------------------------------------------------------------------------------
 
     def consume(self) -> Consumed:
         """Read until ``groups_per_step`` fresh-enough, untrained groups are in hand."""
-        t = self.config.trainer
+        t = self.config
         consumed = Consumed()
         while len(consumed.groups) < t.groups_per_step:
             if self.stop.is_set():
@@ -122,12 +155,12 @@ class Trainer:
         if all(i in self.ledger or i in self.dropped or i in consumed.trajectory_ids for i in ids):
             consumed.entry_ids.append(entry.entry_id)
             return  # a redelivery or duplicate XADD: already trained, dropped, or in this batch
-        reason = untrainable_reason(group, self.model.config, self.config.sampler.temperature)
+        reason = untrainable_reason(group, self.model.config, self.settings.sampler_temperature)
         if reason is not None:
             self.reader.dead_letter(entry.entry_id, reason, group.SerializeToString())
             return
         staleness = self.state.policy_version - group.policy_version
-        if staleness > self.config.trainer.max_staleness:
+        if staleness > self.config.max_staleness:
             for i in ids:
                 self.dropped.add(i)
             self.dropped_unacked.append(entry.entry_id)
@@ -144,20 +177,18 @@ class Trainer:
     # -- one step ------------------------------------------------------------------------------------
 
     def next_consumed(self) -> Consumed:
-        """The next batch's groups: read here, or (sharded) read by rank 0 and broadcast to every rank.
+        """The next batch's groups, read by the leader and broadcast to every process.
 
         Raises:
-            Stopped: a shutdown was requested (on rank 0, for every rank).
+            Stopped: a shutdown was requested (on the leader, for every process).
         """
-        if self.shard is None:
-            return self.consume()
         consumed = None
         if self.leader:
             try:
                 consumed = self.consume()
             except Stopped:
                 consumed = None
-        consumed = sharded.broadcast(consumed)
+        consumed = self.parallel.broadcast(consumed)
         if consumed is None:
             raise Stopped
         return consumed
@@ -166,12 +197,12 @@ class Trainer:
         started = time.monotonic()
         consumed = self.next_consumed()
         batch = assemble(consumed.groups, self.state.policy_version)
-        result = train_on_batch(self.model, self.optimizer, batch, self.config.trainer, shard=self.shard)
+        result = train_on_batch(self.model, self.optimizer, batch, self.config, parallel=self.parallel)
         for trajectory_id in batch.trajectory_ids:
             self.ledger.add(trajectory_id)
         self.unacked += consumed.entry_ids
         self.state.step += 1
-        t = self.config.trainer
+        t = self.config
         evaluated = self.state.step % t.eval_every == 0 or self.state.step == t.total_steps
         if evaluated:
             self.evaluate()
@@ -184,15 +215,15 @@ class Trainer:
         return result
 
     def _report(self, result: StepResult, batch, consumed: Consumed, evaluated: bool, seconds: float) -> None:
-        """Metrics and the ``metrics.jsonl`` line of one step (rank 0 only)."""
-        t = self.config.trainer
+        """Metrics and the ``metrics.jsonl`` line of one step (the leader only)."""
+        t = self.config
         self.metrics.trainer_idle_seconds.inc(consumed.idle_seconds)
         self._record(result, batch, consumed, evaluated)
         depth = self.reader.depth()
         self.metrics.queue_depth.set(depth)
         self.metrics.sampler_demand.set(
             sampler_demand(
-                self.samplers.live() if self.samplers is not None else self.config.num_samplers,
+                self.samplers.live() if self.samplers is not None else self.settings.num_samplers,
                 consumed.idle_seconds,
                 seconds,
                 depth,
@@ -206,7 +237,7 @@ class Trainer:
 
         Versions above the checkpoint's came from steps lost in a crash (a step publishes before it
         checkpoints): their numbers are never reused for other weights, so the resumed weights go out at
-        once as ``published + 1`` and samplers leave the lost branch. Every rank calls this when sharded.
+        once as ``published + 1`` and samplers leave the lost branch. Every process calls this.
         """
         if published <= self.state.policy_version:
             if self.admission is not None:
@@ -222,9 +253,9 @@ class Trainer:
         self.publish()
 
     def publish(self) -> None:
-        """Publish the next version (sharded: every rank helps gather it, rank 0 sends it)."""
+        """Publish the next version (every process helps gather it, the leader sends it)."""
         version = self.state.policy_version + 1
-        state = published_state(self.model) if self.shard is None else sharded.published_state(self.model)
+        state = self.parallel.published_state(self.model)
         if self.publisher is not None:
             reply = self.publisher.publish(version, state, self.model.plan)
             self.metrics.weight_bytes.labels(role="trainer").inc(reply.bytes_received)
@@ -234,18 +265,17 @@ class Trainer:
         self.metrics.policy_version.labels(role="trainer").set(version)
 
     def evaluate(self) -> None:
-        """Held-out accuracy; a shutdown stops it between batches (single process: sharded ranks decode in
-        collectives, so they finish it together).
+        """Held-out accuracy; a shutdown stops it between batches where the processes may stop on their own
+        (:attr:`Parallelism.stops_early`; sharded ranks decode in collectives, so they finish it together).
 
         Raises:
             StepAbandoned: ``stop`` was set meanwhile.
         """
         self.model.eval()
-        # sharded: every rank decodes the same examples with a fixed number of (collective) forwards
-        should_stop = self.stop.is_set if self.shard is None else None
+        early = self.parallel.stops_early
         try:
             self.state.eval_accuracy = accuracy(
-                self.model, self.task, stop_early=self.shard is None, should_stop=should_stop
+                self.model, self.task, stop_early=early, should_stop=self.stop.is_set if early else None
             )
         except EvaluationStopped:
             raise StepAbandoned from None
@@ -256,8 +286,8 @@ class Trainer:
         """Persist the step, then acknowledge and trim the entries it consumed (docs/design.md §5)."""
         self.state.trained = self.ledger.ids()
         self.state.stale_dropped = self.dropped.ids()
-        self.state.provenance = self.provenance
-        checkpoint.save(self.config.trainer.checkpoint_dir, self.model, self.optimizer, self.state, shard=self.shard)
+        self.state.provenance = self.settings.provenance
+        checkpoint.save(self.config.checkpoint_dir, self.model, self.optimizer, self.state, parallel=self.parallel)
         self.checkpointed_step = self.state.step
         if not self.leader:
             return
@@ -267,7 +297,7 @@ class Trainer:
         self.reader.trim()
 
     def _keep_drops(self) -> None:
-        """Add the stale drops made since the last checkpoint to it, then acknowledge their entries (rank 0;
+        """Add the stale drops made since the last checkpoint to it, then acknowledge their entries (leader;
         for a trainer stopping without checkpointing the step under way).
 
         The checkpoint's weights, optimiser and trained ledger still match (the stopped step trained nothing
@@ -276,7 +306,7 @@ class Trainer:
         """
         if not self.leader or not self.dropped_unacked:
             return
-        path = checkpoint.latest(self.config.trainer.checkpoint_dir)
+        path = checkpoint.latest(self.config.checkpoint_dir)
         if path is None:  # nothing checkpointed yet: the entries stay pending and are judged again
             return
         checkpoint.save_stale_dropped(path, self.dropped.ids())
@@ -335,7 +365,7 @@ class Trainer:
                     with self.metrics_file.open("a") as handle:
                         line = {"step": 0, "time": time.time(), "eval_accuracy": self.state.eval_accuracy}
                         handle.write(json.dumps(line) + "\n")
-            while self.state.step < self.config.trainer.total_steps:
+            while self.state.step < self.config.total_steps:
                 self.step()
         except StepAbandoned:
             self._keep_drops()

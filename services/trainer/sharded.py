@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -30,21 +31,132 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from nibble.model import MoETransformer
+from nibble.model.hf import write_config
+from nibble.model.scoring import Scores, score
+from nibble.rl import valid_token_mask
+from nibble.trainer.batch import Batch
+from nibble.trainer.parallel import SHARDED_DIR, Parallelism
 
 _TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 @dataclass(frozen=True)
-class Shard:
-    """This process's place among the trainer's ranks."""
+class Shard(Parallelism):
+    """This process's place among the trainer's ranks: the sharded :class:`Parallelism`.
+
+    Every rank holds the whole batch and trains on its own share of whole groups; rank 0 leads.
+    """
 
     rank: int
     world_size: int
+    sharded = True
+    stops_early = False  # every rank decodes the same examples with a fixed number of (collective) forwards
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
 
     def local_groups(self, groups: list[int]) -> list[int]:
         """This rank's contiguous share of whole groups (ranks beyond the group count get none)."""
         per = -(-len(groups) // self.world_size)
         return groups[self.rank * per : (self.rank + 1) * per]
+
+    def prepare_model(self, model: MoETransformer, device: torch.device | None) -> MoETransformer:
+        """Shard ``model`` (:func:`shard_model`); FSDP places each rank's shard, ``device`` is unused."""
+        return shard_model(model)
+
+    def model_source(self, resume: Path | None, warm_start: Path) -> Path:
+        """The warm start: every rank loads it and keeps its shard, then the checkpoint's shards replace it."""
+        return warm_start
+
+    def score(self, model: MoETransformer, batch: Batch) -> Scores:
+        """Each rank scores its own share of the groups; the ranks' disjoint rows are summed into the whole
+        batch on every rank (adding zeros is exact)."""
+        rows, share = self._local_rows(batch, range(batch.num_groups))
+        part = score(
+            model, [batch.prompts[i] for i in rows], [batch.responses[i] for i in rows], temperature=batch.temperature
+        )
+        whole = []
+        for values in (part.logprobs, part.entropy):
+            out = values.new_zeros(batch.mask.shape)
+            if share:
+                out[rows, : values.shape[1]] = values
+            whole.append(sum_(out))
+        return Scores(logprobs=whole[0], entropy=whole[1], mask=batch.mask)
+
+    def update_rows(self, batch: Batch, groups: list[int], correction_level: str) -> tuple[torch.Tensor, float, int]:
+        """This rank's rows; the loss divides by the whole update's valid tokens (see the module docstring)."""
+        rows = batch.rows_of_groups(groups)
+        level = correction_level
+        num_valid = int(valid_token_mask(batch.sampler_logprobs[rows], batch.mask[rows], correction_level=level).sum())
+        return (*self._local_rows(batch, groups), num_valid)
+
+    def update_stats(self, stats: dict[str, float], share: float) -> dict[str, float]:
+        """Token counts summed over ranks, per-token means re-weighted by each rank's valid tokens (a rank
+        weighted 0 contributes nothing)."""
+        counts = ("valid_tokens", "rejected_tokens")
+        means = [key for key in stats if key not in counts]
+        valid = stats["valid_tokens"] * share
+        sums = all_sums([valid, stats["rejected_tokens"] * share, *(stats[key] * valid for key in means)])
+        total = max(sums[0], 1.0)
+        return {
+            "valid_tokens": int(sums[0]),
+            "rejected_tokens": int(sums[1]),
+            **{key: value / total for key, value in zip(means, sums[2:], strict=True)},
+        }
+
+    def all_finite(self, finite: bool) -> bool:
+        return all_sum(0.0 if finite else 1.0) == 0.0
+
+    def backward_scale(self) -> float:
+        """FSDP averages gradients over ranks, while the losses are already divided by the whole update's
+        token count and must be summed."""
+        return float(self.world_size)
+
+    def all_sum(self, value: float) -> float:
+        return all_sum(value)
+
+    def full_norm(self, norm: torch.Tensor) -> float:
+        return full_norm(norm)
+
+    def broadcast(self, obj: object) -> object:
+        return broadcast(obj)
+
+    def published_state(self, model: MoETransformer) -> dict[str, torch.Tensor]:
+        return published_state(model)
+
+    def save_weights(self, model: MoETransformer, optimizer: torch.optim.Optimizer, path: Path) -> None:
+        """Model and optimiser under ``path/sharded`` (every rank its shards), ``config.json`` by rank 0."""
+        barrier()  # the stale temporary directory is gone before any rank writes
+        save_checkpoint(model, optimizer, Path(path) / SHARDED_DIR)
+        if self.leader:
+            write_config(model.config, path)
+
+    def load_weights(self, path: Path, model: MoETransformer, optimizer: torch.optim.Optimizer) -> None:
+        """Any number of ranks: ``torch.distributed.checkpoint`` reshards.
+
+        Raises:
+            ValueError: the checkpoint's files are missing or damaged.
+        """
+        try:
+            load_checkpoint(model, optimizer, Path(path) / SHARDED_DIR)
+        except (OSError, RuntimeError, AssertionError, ValueError, CheckpointException) as exc:  # DCP's failures
+            raise ValueError(
+                f"{path}: unreadable sharded checkpoint ({type(exc).__name__}: {exc}); move it aside to resume "
+                "from the checkpoint before it"
+            ) from exc
+
+    def barrier(self) -> None:
+        barrier()
+
+    def close(self) -> None:
+        close()
+
+    def _local_rows(self, batch: Batch, groups) -> tuple[torch.Tensor, float]:
+        """This rank's rows of ``groups`` and their weight; a rank without groups still joins the
+        collectives (every forward all-gathers) on one row weighted 0."""
+        local = batch.rows_of_groups(self.local_groups(list(groups)))
+        return (local, 1.0) if len(local) else (batch.rows_of_groups(groups)[:1], 0.0)
 
 
 def launched_by_torchrun() -> bool:
@@ -90,12 +202,6 @@ def shard_model(model: MoETransformer) -> MoETransformer:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model
-
-
-def backward_scale(shard: Shard) -> float:
-    """Factor for each rank's loss before ``backward``: FSDP averages gradients over ranks, while the
-    losses are already divided by the whole update's token count and must be summed."""
-    return float(shard.world_size)
 
 
 def all_sums(values: list[float]) -> list[float]:

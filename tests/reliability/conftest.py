@@ -13,7 +13,8 @@ from nibble.monitoring.metrics import Metrics
 from nibble.recipe import PrecisionPlan, param_groups
 from nibble.tasks import get_task
 from nibble.trainer import checkpoint
-from nibble.trainer.service import Trainer
+from nibble.trainer.main import settings as trainer_settings
+from nibble.trainer.service import Links, Policy, Trainer
 from nibble.transport.stream import AdmissionCounter, RedisTrajectoryReader, RedisTrajectoryWriter, connect
 from nibble.wire import pb
 
@@ -65,10 +66,10 @@ class InProcessTrainer:
         reader = RedisTrajectoryReader(self.client, config.redis, "trainer", on_dead_letter=on_dead_letter)
         task = get_task(config.task.name, **config.task.options)
         out.mkdir(parents=True, exist_ok=True)
-        self.trainer = Trainer(
-            config, task, model, optimizer, state, reader, self.admission, publisher, self.metrics, out,
-            stop=threading.Event(),
-        )  # fmt: skip
+        links = Links(reader, self.admission, publisher)
+        policy = Policy(model, optimizer, state)
+        settings = trainer_settings(config)
+        self.trainer = Trainer(settings, task, policy, links, self.metrics, out, stop=threading.Event())
 
 
 @pytest.fixture
@@ -100,12 +101,14 @@ def tiny_engine(vocab: int, plan: PrecisionPlan | None = None):
 def make_sampler(config: RunConfig, engine=None, name: str = "sampler", subscriber=None):
     """A real :class:`~nibble.sampler.service.Sampler` (no weight-sync) on the built-in engine with a tiny
     random bf16 model, or on ``engine``."""
+    from nibble.sampler.main import settings as sampler_settings
     from nibble.sampler.service import Sampler
 
     task = get_task(config.task.name, **config.task.options)
     engine = engine or tiny_engine(task.tokenizer.vocab_size)
     client = connect(config.redis)
+    settings = sampler_settings(config)
     return Sampler(
-        config, task, engine, RedisTrajectoryWriter(client, config.redis), AdmissionCounter(client, config.redis),
+        settings, task, engine, RedisTrajectoryWriter(client, config.redis), AdmissionCounter(client, config.redis),
         subscriber, Metrics("sampler"), name=name,
     )  # fmt: skip

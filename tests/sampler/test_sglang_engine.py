@@ -234,12 +234,13 @@ class NoTensors:
 
 def sampler_on(engine):
     from nibble.monitoring.metrics import Metrics
+    from nibble.sampler.main import settings
     from nibble.sampler.service import Sampler
     from nibble.tasks import get_task
 
     config = RunConfig(task={"name": "addition", "options": {"digits": 1, "eval_size": 4, "holdout_fraction": 0.5}})
     task = get_task(config.task.name, **config.task.options)
-    return Sampler(config, task, engine, None, None, NoTensors(), Metrics("sampler"))
+    return Sampler(settings(config), task, engine, None, None, NoTensors(), Metrics("sampler"))
 
 
 def test_the_sampler_swaps_an_sglang_server_to_an_announced_version_without_fetching_tensors(server, tmp_path):
@@ -255,7 +256,7 @@ def test_the_sampler_counts_a_refused_batch_as_an_engine_failure_and_writes_noth
     engine = engine_for(server, tmp_path).connect(startup_seconds=5)
     sampler = sampler_on(engine)
     server.report_version = "4"
-    assert sampler.generate([[5, 6, 7]]) is None
+    assert sampler.generate([next(sampler.task.train_stream(seed=0))]) is None
     assert sampler.stats.engine_failures == 1
 
 

@@ -71,7 +71,7 @@ def test_checkpoint_round_trip_restores_model_optimizer_and_counters(tmp_path):
 
     restored = from_pretrained(path, plan=plan)
     optimizer2 = torch.optim.AdamW(param_groups(restored, plan, 0.01), lr=1e-3)
-    checkpoint.load_optimizer(path, restored, optimizer2)
+    checkpoint.load_weights(path, restored, optimizer2)
     assert checkpoint.load_state(path) == state
     for (name, p), (_, q) in zip(model.named_parameters(), restored.named_parameters(), strict=True):
         assert torch.equal(p, q), name

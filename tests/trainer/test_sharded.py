@@ -55,7 +55,7 @@ def _worker(rank: int, port: int, state: dict, batches: list, out: str, device: 
     model.load_state_dict(state)
     sharded.shard_model(model)
     optimizer = torch.optim.AdamW(param_groups(model, plan, 0.0), lr=LR)
-    results = [train_on_batch(model, optimizer, batch, CONFIG, shard=shard) for batch in batches]
+    results = [train_on_batch(model, optimizer, batch, CONFIG, parallel=shard) for batch in batches]
     losses = [r.loss for r in results]
     counts = [(r.trained_tokens, r.stats) for r in results]
     full = sharded.full_state(model)

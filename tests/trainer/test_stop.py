@@ -13,7 +13,8 @@ from nibble.recipe import PrecisionPlan
 from nibble.tasks import get_task
 from nibble.tasks.evaluation import EvaluationStopped, accuracy
 from nibble.trainer.checkpoint import TrainerState, latest
-from nibble.trainer.service import Trainer
+from nibble.trainer.main import settings
+from nibble.trainer.service import Links, Policy, Trainer
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def test_a_stop_during_the_evaluation_leaves_no_record_and_no_checkpoint(task, t
     optimizer = torch.optim.AdamW(model.parameters())
     stop = threading.Event()
     stop.set()  # SIGTERM arrived: the warm start's evaluation (step 0) is what is under way
-    trainer = Trainer(config, task, model, optimizer, TrainerState(), None, None, None, Metrics("trainer"), tmp_path,
-                      stop=stop)  # fmt: skip
+    policy = Policy(model, optimizer, TrainerState())
+    trainer = Trainer(settings(config), task, policy, Links(), Metrics("trainer"), tmp_path, stop=stop)
     assert trainer.run() is False
     assert not (tmp_path / "metrics.jsonl").exists() and latest(tmp_path / "trainer") is None

@@ -6,7 +6,7 @@ import pytest
 
 from nibble.config import load
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
 
 def test_the_embedded_default_is_configs_default_yaml():
