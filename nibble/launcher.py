@@ -204,13 +204,30 @@ def start_redis(cluster: Cluster, directory: Path) -> str:
     raise RuntimeError(f"redis-server on port {port} did not answer within 10 s (see {cluster.out}/logs/redis.log)")
 
 
+RUN_FOLDER_DIRECTORIES = (("trainer", "checkpoint_dir", "trainer"), ("weightsync", "store_dir", "weights"))
+"""(section, field, sub-folder): directories a run keeps inside its run folder, whatever the config says."""
+
+
+def replaced_directories(config: RunConfig, out: Path) -> list[str]:
+    """One line per directory the config sets away from its default that the run folder ``out`` replaces
+    (``nibble run`` keeps checkpoints and weights inside its run folder, so a resumed run finds them)."""
+    lines = []
+    for section, name, sub in RUN_FOLDER_DIRECTORIES:
+        value = getattr(getattr(config, section), name)
+        default = type(getattr(config, section)).model_fields[name].default
+        if value != default:
+            lines.append(f"{section}.{name} = {value} is replaced by the run folder's {out / sub}")
+    return lines
+
+
 def effective_config(config: RunConfig, out: Path, redis_url: str, *, metrics_ports: bool = False) -> RunConfig:
     """The config every child reads: the run's, with this run's ports, URL and directories (with
     ``metrics_ports``, weight-sync's and the trainer's ``/metrics`` on known ports too: free ones unless set)."""
     data = config.model_dump(mode="json")
     data["redis"]["url"] = redis_url
-    data["weightsync"].update(port=free_port(), publish_port=free_port(), store_dir=str(out / "weights"))
-    data["trainer"]["checkpoint_dir"] = str(out / "trainer")
+    data["weightsync"].update(port=free_port(), publish_port=free_port())
+    for section, name, sub in RUN_FOLDER_DIRECTORIES:
+        data[section][name] = str(out / sub)
     for section in ("weightsync", "trainer") if metrics_ports else ():
         data[section]["metrics_port"] = data[section]["metrics_port"] or free_port()  # a configured port stays
     return RunConfig.model_validate(data)

@@ -42,7 +42,7 @@ def run(
     A folder that holds a run is never overwritten: without --resume or --new, nibble run refuses it.
     """
     from nibble.cli.run_config import run_config
-    from nibble.launcher import check_devices, check_model_and_task
+    from nibble.launcher import check_devices, check_model_and_task, replaced_directories
     from nibble.rundir import RunRecord, State, choose, inspect, locked
     from nibble.trainer.backend import check_backend
 
@@ -64,6 +64,8 @@ def run(
         values = loaded.model_dump(mode="json")
         for key, variable in sorted(overrides.by_key.items()):
             typer.echo(f"{variable} sets {key} = {_value_at(values, key)}")
+        for line in replaced_directories(loaded, out):
+            typer.echo(f"note: {line}")
         if found.state is State.FINISHED:
             typer.echo(f"extending the finished run in {out} from {found.steps} to {loaded.trainer.total_steps} steps")
         elif found.state is State.UNFINISHED:

@@ -70,3 +70,23 @@ def test_a_stage_past_its_grace_is_killed_and_a_second_ctrl_c_kills_the_rest(tmp
     assert said[3].endswith("(killed patient)") and said[5].endswith("(killed last)")
     assert [c.process.returncode for c in cluster.children] == [-signal.SIGKILL] * 3
     assert signal.getsignal(signal.SIGINT) is before  # restored
+
+
+def test_directories_a_run_keeps_in_its_folder_are_named_when_the_config_sets_others(tmp_path):
+    from nibble.config import load
+
+    config = load(None)
+    assert launcher.replaced_directories(config, tmp_path) == []
+    mine = config.model_copy(
+        update={
+            "trainer": config.trainer.model_copy(update={"checkpoint_dir": tmp_path / "mine"}),
+            "weightsync": config.weightsync.model_copy(update={"store_dir": tmp_path / "w"}),
+        }
+    )
+    assert launcher.replaced_directories(mine, tmp_path / "run") == [
+        f"trainer.checkpoint_dir = {tmp_path / 'mine'} is replaced by the run folder's {tmp_path / 'run' / 'trainer'}",
+        f"weightsync.store_dir = {tmp_path / 'w'} is replaced by the run folder's {tmp_path / 'run' / 'weights'}",
+    ]
+    effective = launcher.effective_config(mine, tmp_path / "run", "redis://127.0.0.1:1/0")
+    assert effective.trainer.checkpoint_dir == tmp_path / "run" / "trainer"
+    assert effective.weightsync.store_dir == tmp_path / "run" / "weights"
