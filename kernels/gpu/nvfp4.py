@@ -11,19 +11,29 @@ from .nvfp4_quantize import nvfp4_dequantize_kernel, nvfp4_quantize_kernel
 
 # Rows of up to this many 16-element blocks are quantised by one program that also reduces their amax.
 _MAX_ROW_BLOCKS = 4096
-# Elements per chunk: what one step keeps in registers without spilling (4/6 holds several candidates).
-_CHUNK_ELEMENTS = {False: 4096, True: 1024}
+# (elements per chunk, warps per program) by 4/6 or not: a chunk is what one step keeps in registers
+# without spilling (4/6 holds several candidates). Launch parameters only: results are the same bits for
+# any of them (the amax is a max, every block is computed alone). The fastest of 25 on the H200
+# (benchmarks/quantize_launch_gpu.py, benchmarks/results/h200_quantize_launch.json), within 10% of most
+# others: the kernels are bound by their arithmetic, not by how they are launched.
+LAUNCH = {False: (1024, 2), True: (1024, 4)}
+_DEQUANTIZE_CHUNK_ELEMENTS = 4096
 
 
-def _tile(kb: int, four_over_six: bool) -> tuple[int, int]:
+def _tile(kb: int, chunk_elements: int) -> tuple[int, int]:
     """``(BLOCK_M, CHUNK)``: rows per program and 16-element blocks per chunk."""
-    chunk = min(triton.next_power_of_2(kb), _CHUNK_ELEMENTS[four_over_six] // NVFP4_BLOCK)
-    block_m = max(1, min(64, _CHUNK_ELEMENTS[four_over_six] // (chunk * NVFP4_BLOCK)))
+    chunk = min(triton.next_power_of_2(kb), chunk_elements // NVFP4_BLOCK)
+    block_m = max(1, min(64, chunk_elements // (chunk * NVFP4_BLOCK)))
     return block_m, chunk
 
 
 def quantize(
-    x: torch.Tensor, *, per_token: bool, four_over_six: str | None, with_choices: bool = False
+    x: torch.Tensor,
+    *,
+    per_token: bool,
+    four_over_six: str | None,
+    with_choices: bool = False,
+    launch: tuple[int, int] | None = None,
 ) -> tuple[NVFP4Tensor, torch.Tensor | None]:
     """Quantise a validated CUDA (or Triton-interpreted CPU) tensor ``x [..., K]`` to NVFP4.
 
@@ -32,6 +42,7 @@ def quantize(
         per_token: one outer scale per row (all leading dims) instead of one for the tensor.
         four_over_six: ``None``, ``"mse"`` or ``"mae"``.
         with_choices: also return the bool ``[..., K // 16]`` mask of blocks that chose map-to-4.
+        launch: ``(elements per chunk, warps)``, default :data:`LAUNCH` (benchmarks try others).
     Returns:
         ``(tensor, map_to_4 or None)``, bit-identical to :func:`nibble.kernels.reference.nvfp4.quantize`.
     """
@@ -60,7 +71,8 @@ def quantize(
         amax = torch.zeros((1,), dtype=torch.float32, device=device)
     else:
         amax = torch.linalg.vector_norm(rows, float("inf")).to(torch.float32).reshape(1)
-    block_m, chunk = _tile(kb, bool(four_over_six))
+    chunk_elements, num_warps = launch or LAUNCH[bool(four_over_six)]
+    block_m, chunk = _tile(kb, chunk_elements)
     num_chunks = triton.cdiv(kb, chunk) if amax_in_kernel else 1
     if m:
         grid = (triton.cdiv(m, block_m), 1 if amax_in_kernel else triton.cdiv(kb, chunk))
@@ -83,7 +95,7 @@ def quantize(
             BLOCK_M=block_m,
             CHUNK=chunk,
             NUM_CHUNKS=num_chunks,
-            num_warps=4,
+            num_warps=num_warps,
             enable_fp_fusion=False,
         )
     elif not per_token:  # an empty tensor's amax is 0, as for an all-zero one
@@ -120,7 +132,7 @@ def dequantize(tensor: NVFP4Tensor, dtype: torch.dtype) -> torch.Tensor:
     if per_row:
         lead = shape[:-1]
         g = g.reshape(*g.shape, *([1] * (len(lead) - g.dim()))).expand(lead).reshape(-1).contiguous()
-    block_m, chunk = _tile(kb, False)
+    block_m, chunk = _tile(kb, _DEQUANTIZE_CHUNK_ELEMENTS)
     grid = (triton.cdiv(m, block_m), triton.cdiv(kb, chunk))
     nvfp4_dequantize_kernel[grid](
         tensor.codes.contiguous(),
