@@ -78,7 +78,7 @@ def bench_quantize(copy_bw: float) -> dict:
         )
         out[name] = {**t, "bandwidth_Bps": moved / t["graph_s"], "fraction_of_copy": moved / t["graph_s"] / copy_bw}
     out["four_over_six_time_ratio"] = out["four_over_six_mse"]["graph_s"] / out["standard"]["graph_s"]
-    out["targets"] = {"standard_fraction_of_copy": ">= 0.7", "four_over_six_time_ratio": "<= 2.0"}
+    out["targets"] = {"standard_fraction_of_copy": ">= 0.7", "four_over_six_time_ratio": "<= 1.5"}
     return out
 
 
