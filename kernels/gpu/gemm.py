@@ -210,20 +210,6 @@ def grouped_matmul(
     return out
 
 
-def dequantized_grouped_matmul(
-    qx: NVFP4Tensor, qw: NVFP4Tensor, experts: torch.Tensor, x_rows: torch.Tensor | None, out_dtype: torch.dtype
-) -> torch.Tensor:
-    """:func:`grouped_matmul` by decoding the operands (exactly, in bf16) and calling ``torch._grouped_mm``
-    (its bf16 output is rounded once before the global scales are applied; benchmarks only)."""
-    xd, xg = _decoded_activations(qx, torch.bfloat16)
-    if x_rows is not None:
-        xd, xg = xd[x_rows], xg[x_rows]
-    w = dequantize(_unscaled(qw), torch.bfloat16)
-    y = grouped.grouped_mm(xd, w, experts)
-    gw = qw.global_scale.to(torch.float32)[experts]
-    return ((y.to(torch.float32) * xg[:, None]) * gw[:, None]).to(out_dtype)
-
-
 def _tiles(experts: torch.Tensor, num_experts: int, block_m: int):
     """Row tiles of expert-sorted rows, built on the device: each tile lies inside one expert's rows.
 

@@ -29,7 +29,7 @@ def export_checkpoint(
     (weight_scale_2); config.json says activations are NVFP4 with dynamic scales."""
     from nibble.config import load
     from nibble.interop import export_checkpoint as write
-    from nibble.interop import from_model_dir, fused_scale_conflicts, split_state
+    from nibble.interop import from_model_dir
     from nibble.model import load_config
     from nibble.recipe import PrecisionPlan
 
@@ -41,14 +41,6 @@ def export_checkpoint(
         f"wrote {written} ({format}): {quantized} NVFP4 weight tensors (quantize={plan.quantize}, "
         f"four_over_six={plan.four_over_six}, BF16 layers {list(plan.bf16_layers)})"
     )
-    conflicts = fused_scale_conflicts(split_state(checkpoint.state)[0])
-    if conflicts:
-        typer.echo(
-            f"warning: {len(conflicts)} groups of projections that vLLM/SGLang fuse into one layer have different "
-            f"global scales ({', '.join(conflicts[:3])}{', …' if len(conflicts) > 3 else ''}); those engines keep one "
-            "scale per fused layer and would decode the others wrongly",
-            err=True,
-        )
 
 
 @app.command("import-checkpoint")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from nibble.config import devices
+from nibble.config.admission import allowed_groups
 from nibble.config.base import Section
 from nibble.config.model import ModelSection, PlanConfig
 from nibble.config.sampler import SamplerConfig
@@ -38,8 +39,6 @@ class RunConfig(Section):
                 f"redis.queue_capacity={r.queue_capacity} < trainer.groups_per_step={t.groups_per_step}: "
                 "samplers would pause before the trainer has a full batch"
             )
-        from nibble.transport.stream.admission import allowed_groups  # here: that module imports this one
-
         # At version 0 the rule gives one version's window: what samplers may start before a publication.
         allowed = allowed_groups(0, t.max_staleness, t.groups_per_step * t.publish_every)
         if self.sampler.groups_per_batch > allowed:

@@ -150,21 +150,38 @@ def import_checkpoint(path: Path) -> QuantizedCheckpoint:
     dense = {name: t for name, t in tensors.items() if name not in taken and name not in dropped}
     _check_orphans(layout, dense, files)
     plan_file = path / PLAN_FILE
-    plan = _read_plan(plan_file, modules) if plan_file.is_file() else None
-    return QuantizedCheckpoint(fuse_state(modules, dense), config, plan)
+    plan = _read_plan(plan_file, modules, dense, config) if plan_file.exists() else None
+    checkpoint = QuantizedCheckpoint(fuse_state(modules, dense), config, plan)
+    _check_shapes(checkpoint, path / CONFIG_FILE)
+    return checkpoint
 
 
-def _read_plan(plan_file: Path, modules: dict[str, ModuleWeight]) -> PrecisionPlan:
-    """The export's plan, checked against its tensors: a plan whose gate and up share one global scale
-    must come with tensors that do. Plans written before ``gate_up_global_scale`` existed quantised
-    every projection on its own scale, so a missing field reads as ``separate``."""
+def _read_plan(
+    plan_file: Path, modules: dict[str, ModuleWeight], dense: dict[str, torch.Tensor], config: dict
+) -> PrecisionPlan:
+    """The export's plan, checked against its tensors: its layer count is the model's, exactly the weights
+    it puts in NVFP4 are packed, and a plan whose gate and up share one global scale comes with tensors
+    that do. Plans written before ``gate_up_global_scale`` existed quantised every projection on its own
+    scale, so a missing field reads as ``separate``."""
+    if not plan_file.is_file():
+        raise ValueError(f"{plan_file}: not a file")
     values = _read_json(plan_file)
     if isinstance(values, dict):
         values.setdefault("gate_up_global_scale", "separate")
     try:
         plan = PrecisionPlan.model_validate(values)
     except ValidationError as error:
-        raise ValueError(f"{plan_file}: not a precision plan: {error}") from None
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'plan'}: {e['msg']}" for e in error.errors())
+        raise ValueError(f"{plan_file}: not a precision plan: {problems}") from None
+    layers = config.get("num_hidden_layers")
+    if layers != plan.num_layers:
+        raise ValueError(f"{plan_file}: num_layers={plan.num_layers}, but config.json has num_hidden_layers={layers}")
+    for module in modules:
+        if plan.format_of(f"{module}.weight") != "nvfp4":
+            raise ValueError(f"{plan_file}: {module} is stored in NVFP4, but the plan gives it another format")
+    for name in dense:
+        if plan.format_of(name) == "nvfp4":
+            raise ValueError(f"{plan_file}: the plan puts {name} in NVFP4, but it is stored unquantised")
     conflicts = fused_scale_conflicts(modules)
     if plan.gate_up_global_scale == "shared" and conflicts:
         raise ValueError(
@@ -172,6 +189,18 @@ def _read_plan(plan_file: Path, modules: dict[str, ModuleWeight]) -> PrecisionPl
             f"(and {len(conflicts) - 1} more) have different global scales"
         )
     return plan
+
+
+def _check_shapes(checkpoint: QuantizedCheckpoint, config_file: Path) -> None:
+    """Refuse tensors that the model ``config.json`` describes could not load (missing, unexpected, or of
+    another shape), as :func:`nibble.model.from_pretrained` would later: checked on shapes alone (meta
+    tensors), so nothing is decoded or allocated."""
+    from nibble.model import ModelConfig
+    from nibble.model.hf import model_from_state
+
+    meta = QuantizedCheckpoint({k: v.to("meta") for k, v in checkpoint.state.items()}, checkpoint.model_config)
+    with torch.device("meta"):
+        model_from_state(ModelConfig.from_hf(checkpoint.model_config), dequantized_state(meta), where=str(config_file))
 
 
 def dequantized_state(checkpoint: QuantizedCheckpoint, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:

@@ -12,7 +12,6 @@ from nibble.model.rope import YarnScaling
 Architecture = Literal["qwen3_moe", "qwen2_moe", "llama", "qwen2", "qwen3"]
 
 MOE_ARCHITECTURES = ("qwen3_moe", "qwen2_moe")
-DENSE_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
 HF_CLASSES = {
     "qwen3_moe": "Qwen3MoeForCausalLM",

@@ -57,7 +57,11 @@ def _quantize_in_group(name: str, state: dict[str, torch.Tensor], plan: Precisio
     missing = [member for member in group if member not in state]
     if missing:
         raise ValueError(f"{name}: shares its global scale with {missing}, which the state lacks")
-    return quantize_weights_together([state[member] for member in group], plan)[group.index(name)]
+    try:
+        together = quantize_weights_together([state[member] for member in group], plan)
+    except ValueError as error:
+        raise ValueError(f"{' and '.join(group)}: {error}") from None
+    return together[group.index(name)]
 
 
 def load_sampler_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:

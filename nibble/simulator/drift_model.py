@@ -19,7 +19,6 @@ import math
 from dataclasses import dataclass
 
 PRECISIONS = ("bf16", "mxfp8", "nvfp4")
-BACKWARDS = ("high_precision", "dequantized")
 # Keys of the measured tables: a precision, with NVFP4 split by four-over-six.
 FORMAT_KEYS = ("bf16", "mxfp8", "nvfp4", "nvfp4_4o6")
 

@@ -1,7 +1,7 @@
 """The event-level timeline: samplers generate, a queue holds trajectories, the trainer consumes batches.
 
 Rules (docs/design.md §5, simplified to one trajectory group per sampler at a time):
-- Admission control (AReaL's rule, :func:`nibble.transport.stream.admission.allowed_groups`): a sampler
+- Admission control (AReaL's rule, :func:`nibble.config.admission.allowed_groups`): a sampler
   may start a group while ``started − discarded < (v + max_staleness + 1) · batch``, ``v`` the trainer's
   version; ``max_staleness = 0`` generates exactly one batch per version.
 - A sampler holding an older version than the newest published one swaps before its next rollout; with
@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from nibble.config.admission import allowed_groups
 from nibble.simulator.config import HORIZONS, SimConfig
 from nibble.simulator.rng import TIMELINE_STREAM, Mulberry32
-from nibble.transport.stream.admission import allowed_groups
 
 IDLE, GENERATING, SYNCING, PAUSED = "idle", "generating", "syncing", "paused"
 

@@ -14,11 +14,12 @@ from pathlib import Path
 import grpc
 
 from nibble.config import RedisConfig, SamplerConfig
+from nibble.config.admission import allowed_groups
 from nibble.monitoring.metrics import Metrics
 from nibble.sampler.engine import Engine, EngineUnavailable
 from nibble.sampler.rollout import GenerationFailed, Sampling, ScoredGroup, rollout
 from nibble.tasks import Task
-from nibble.transport.stream import AdmissionCounter, TrajectoryWriter, allowed_groups
+from nibble.transport.stream import AdmissionCounter, TrajectoryWriter
 from nibble.transport.stream.presence import SamplerRegistry
 from nibble.transport.weights import StreamStalled, WeightRejected, WeightSubscriber
 

@@ -18,11 +18,12 @@ import grpc
 import pytest
 from google.protobuf.message import DecodeError
 
+from nibble.config.admission import allowed_groups
 from nibble.model import from_pretrained, load_config
 from nibble.recipe import PrecisionPlan
 from nibble.recipe.export import published_state
 from nibble.trainer import checkpoint
-from nibble.transport.stream import AdmissionCounter, allowed_groups, validate_group
+from nibble.transport.stream import AdmissionCounter, validate_group
 from nibble.transport.weights import GrpcWeightPublisher, GrpcWeightSubscriber, stream_items
 from nibble.wire import pb
 from tests.helpers import DESIGN_METRICS, corrupted, raw_publish, trajectory_group

@@ -118,7 +118,7 @@ const NibbleModel = (() => {
     const rollouts = [], steps = [], pauses = [], queue = [];
     let qHead = 0, batch = [], admitted = 0, version = 0, trainingUntil = null, trainingStart = 0.0;
     let blocked = false;
-    // A port of the one Python source of the admission rule, nibble.transport.stream.admission.allowed_groups
+    // A port of the one Python source of the admission rule, nibble.config.admission.allowed_groups
     // (which Timeline.full calls): keep the two in step.
     const full = () => admitted >= (version + c.max_staleness + 1) * c.batch;
 

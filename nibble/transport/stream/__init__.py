@@ -2,7 +2,7 @@
 :class:`TrajectoryReader` interfaces, their Redis implementation, admission control, the validation of a
 group, dead letters and sampler presence."""
 
-from nibble.transport.stream.admission import AdmissionCounter, allowed_groups
+from nibble.transport.stream.admission import AdmissionCounter
 from nibble.transport.stream.base import StreamEntry, TrajectoryReader, TrajectoryWriter
 from nibble.transport.stream.connection import RedisUnavailable, connect, read_password, retrying
 from nibble.transport.stream.redis_stream import RedisTrajectoryReader, RedisTrajectoryWriter, undelivered
@@ -16,7 +16,6 @@ __all__ = [
     "StreamEntry",
     "TrajectoryReader",
     "TrajectoryWriter",
-    "allowed_groups",
     "connect",
     "read_password",
     "reason_code",

@@ -1,5 +1,5 @@
 """Admission control (AReaL's rule, docs/design.md §5): samplers start a group only while the groups started
-stay ≤ ``(v + max_staleness + 1) × groups_per_version``, ``v`` being the trainer's current policy version.
+stay ≤ :func:`nibble.config.admission.allowed_groups` of ``v``, the trainer's current policy version.
 
 Both numbers live in Redis (keys under ``RedisConfig.key_prefix``), so every sampler and the trainer see
 the same ones, across restarts of any of them.
@@ -79,20 +79,6 @@ if tonumber(ARGV[1]) < current then return current end
 redis.call('SET', KEYS[1], ARGV[1])
 return tonumber(ARGV[1])
 """
-
-
-def allowed_groups(trainer_version: int, max_staleness: int, groups_per_version: int) -> int:
-    """``(trainer_version + max_staleness + 1) × groups_per_version``: the most groups that may have been
-    started while the trainer holds ``trainer_version``.
-
-    Raises:
-        ValueError: a negative version or staleness, or fewer than one group per version.
-    """
-    if trainer_version < 0 or max_staleness < 0:
-        raise ValueError(f"trainer_version={trainer_version} and max_staleness={max_staleness} must be ≥ 0")
-    if groups_per_version < 1:
-        raise ValueError(f"groups_per_version={groups_per_version} must be ≥ 1")
-    return (trainer_version + max_staleness + 1) * groups_per_version
 
 
 class AdmissionCounter:

@@ -250,3 +250,47 @@ def test_a_plan_that_claims_a_shared_scale_its_tensors_lack_is_named(dense, tmp_
     (out / "nibble_plan.json").write_text(json.dumps({**plan, "format": "nvfp5"}))
     with pytest.raises(ValueError, match=r"nibble_plan\.json: not a precision plan"):
         import_checkpoint(out)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"num_layers": 5}, r"num_layers=5, but config\.json has num_hidden_layers=3"),
+        ({"format": "bf16"}, r"model\.layers\.0\.mlp\.\w+_proj is stored in NVFP4, but the plan gives it another"),
+        (
+            {"bf16_last_fraction": 0.0},
+            r"the plan puts model\.layers\.2\.mlp\.\w+_proj\.weight in NVFP4, but it is stored",
+        ),
+        ({"gate_up_global_scale": "both"}, r"not a precision plan: gate_up_global_scale: Input should be"),
+    ],
+)
+def test_a_plan_that_contradicts_its_tensors_is_named(change, message, dense, tmp_path):
+    out = export_checkpoint(dense, tmp_path / "out", "modelopt")
+    plan = json.loads((out / "nibble_plan.json").read_text())
+    (out / "nibble_plan.json").write_text(json.dumps({**plan, **change}))
+    with pytest.raises(ValueError, match=rf"nibble_plan\.json: {message}"):
+        import_checkpoint(out)
+
+
+def test_a_plan_path_that_is_a_directory_is_named(dense, tmp_path):
+    out = export_checkpoint(dense, tmp_path / "out", "modelopt")
+    (out / "nibble_plan.json").unlink()
+    (out / "nibble_plan.json").mkdir()
+    with pytest.raises(ValueError, match=r"nibble_plan\.json: not a file"):
+        import_checkpoint(out)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_tensors_the_model_config_cannot_load_are_refused_at_import(layout, dense, tmp_path):
+    packed, block, _ = NAMES[layout]
+    up = "model.layers.0.mlp.up_proj"
+
+    def halve_up(tensors):
+        for suffix in (packed, block):
+            tensors[f"{up}.{suffix}"] = tensors[f"{up}.{suffix}"][:48].clone()
+
+    out = exported(dense, tmp_path, layout, halve_up)
+    with pytest.raises(
+        ValueError, match=rf"config\.json: tensor {up}\.weight has shape \(48, 64\), config\.json implies"
+    ):
+        import_checkpoint(out)

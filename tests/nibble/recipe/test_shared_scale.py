@@ -105,3 +105,9 @@ def test_weight_sync_refuses_half_a_pair():
     plan = dense_plan()
     with pytest.raises(ValueError, match="shares its global scale"):
         quantize_state({GATE: torch.zeros(96, 64, dtype=torch.bfloat16)}, plan)
+
+
+def test_a_pair_of_unequal_widths_is_refused_naming_both():
+    state = {GATE: torch.zeros(96, 64, dtype=torch.bfloat16), UP: torch.zeros(96, 32, dtype=torch.bfloat16)}
+    with pytest.raises(ValueError, match=rf"{GATE} and {UP}: weights quantised together"):
+        quantize_state(state, dense_plan())

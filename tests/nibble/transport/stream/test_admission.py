@@ -5,7 +5,8 @@ import threading
 
 import pytest
 
-from nibble.transport.stream import AdmissionCounter, allowed_groups, connect
+from nibble.config.admission import allowed_groups
+from nibble.transport.stream import AdmissionCounter, connect
 
 
 def test_concurrent_reservers_never_exceed_allowed_and_release_reopens_slots(stream_config):
