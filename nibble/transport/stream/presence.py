@@ -32,7 +32,7 @@ class SamplerRegistry:
     """Sampler heartbeats in Redis (entries: sampler ids; scores: seconds, Redis server time).
 
     Args:
-        client: a connected client (``nibble.transport.connect``).
+        client: a connected client (``nibble.transport.stream.connect``).
         config: the ``redis`` section; ``sampler_heartbeat_seconds`` and ``sampler_timeout_seconds`` set
             how often samplers beat and after how long a silent one no longer counts.
     """
