@@ -11,8 +11,6 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import grpc
-
 from nibble.config import RedisConfig, SamplerConfig
 from nibble.config.admission import allowed_groups
 from nibble.monitoring.metrics import Metrics
@@ -21,7 +19,7 @@ from nibble.sampler.rollout import GenerationFailed, Sampling, ScoredGroup, roll
 from nibble.tasks import Task
 from nibble.transport.stream import AdmissionCounter, TrajectoryWriter
 from nibble.transport.stream.presence import SamplerRegistry
-from nibble.transport.weights import StreamStalled, WeightRejected, WeightSubscriber
+from nibble.transport.weights import FetchFailed, VersionUnavailable, WeightRejected, WeightSubscriber
 
 log = logging.getLogger("nibble.sampler")
 
@@ -32,16 +30,6 @@ EXIT_ENGINE_FAILED = 3
 
 FETCH_RETRY_FIRST_SECONDS, FETCH_RETRY_MAX_SECONDS = 0.5, 30.0
 """A fetch that failed in transport is retried after 0.5 s, doubling to at most 30 s."""
-
-
-def exc_code(exc: Exception) -> grpc.StatusCode | None:
-    """The gRPC status of ``exc`` (``None`` for anything but an RPC error)."""
-    return exc.code() if isinstance(exc, grpc.RpcError) and hasattr(exc, "code") else None
-
-
-def exc_summary(exc: Exception) -> str:
-    code = exc_code(exc)
-    return f"{code.name}: {exc.details()}" if code is not None else f"{type(exc).__name__}: {exc}"
 
 
 class EngineFailed(RuntimeError):
@@ -148,11 +136,11 @@ class Sampler:
         version, published_at = pending
         try:  # an engine that loads from disk reads weight-sync's export of the version itself
             manifest, state = (None, None) if self.engine.loads_from_disk else self.subscriber.fetch(version)
-        except (WeightRejected, grpc.RpcError, StreamStalled) as exc:
-            if isinstance(exc, WeightRejected) or exc_code(exc) == grpc.StatusCode.NOT_FOUND:
-                log.warning("version %d rejected: %s", version, exc)  # corrupt, or rotated out: a newer comes
-                self.metrics.rejected.labels(reason="bad_manifest").inc()
-                return
+        except (WeightRejected, VersionUnavailable) as exc:
+            log.warning("version %d rejected: %s", version, exc)  # corrupt, or rotated out: a newer comes
+            self.metrics.rejected.labels(reason="bad_manifest").inc()
+            return
+        except FetchFailed as exc:
             self._retry_fetch_later(pending, exc)
             return
         try:
@@ -186,7 +174,7 @@ class Sampler:
         """Keep ``pending`` (unless a newer version was announced meanwhile) for a retry after backoff."""
         log.warning(
             "fetching version %d failed (%s); serving version %d, retrying in %.1f s",
-            pending[0], exc_summary(exc), self.engine.policy_version, self._fetch_backoff,
+            pending[0], f"{type(exc).__name__}: {exc}", self.engine.policy_version, self._fetch_backoff,
         )  # fmt: skip
         self.metrics.rejected.labels(reason="fetch_failed").inc()
         with self._pending_lock:

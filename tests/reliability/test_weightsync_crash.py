@@ -17,7 +17,7 @@ import yaml
 from nibble.model import MoETransformer, tiny
 from nibble.recipe import PrecisionPlan
 from nibble.recipe.export import published_state
-from nibble.transport.weights import GrpcWeightPublisher, GrpcWeightSubscriber, stream_items
+from nibble.transport.weights import GrpcWeightPublisher, GrpcWeightSubscriber, VersionUnavailable, stream_items
 from nibble.transport.weights.grpc_util import open_channel
 from nibble.wire import rpc
 from tests.services import free_port
@@ -76,9 +76,9 @@ def test_kill_9_mid_publication_leaves_no_partial_version(tmp_path):
         assert list(subscriber.versions().available_versions) == [1]
         manifest, _ = subscriber.fetch(1)  # still verifies
         assert manifest.policy_version == 1
-        with pytest.raises(grpc.RpcError) as info:
+        with pytest.raises(VersionUnavailable, match="version 2") as info:
             subscriber.fetch(2)
-        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+        assert info.value.__cause__.code() == grpc.StatusCode.NOT_FOUND
         assert not [p for p in (tmp_path / "store").iterdir() if p.name.startswith(".tmp-")]
         GrpcWeightPublisher(publish_target, attempts=1).publish(2, state, plan)  # the trainer's retry
         announced = next(iter(subscriber.watch(after_version=1)))

@@ -13,7 +13,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from nibble.model import MoETransformer, tiny
 from nibble.recipe.export import load_sampler_state, published_state, quantize_state
-from nibble.transport.weights import GrpcWeightPublisher, GrpcWeightSubscriber, WeightRejected, stream_items
+from nibble.transport.weights import (
+    FetchFailed,
+    GrpcWeightPublisher,
+    GrpcWeightSubscriber,
+    VersionUnavailable,
+    WeightRejected,
+    stream_items,
+)
 from nibble.transport.weights.grpc_util import open_channel
 from nibble.wire import pb
 from tests.helpers import corrupted
@@ -140,9 +147,11 @@ def test_tokens_are_required_and_separate(harness, trainer, state):
 def test_fetching_a_version_not_held_is_not_found(harness, trainer, state):
     server = harness.start()
     harness.publisher(server).publish(1, state, trainer[1])
-    with pytest.raises(grpc.RpcError) as info:
+    with pytest.raises(VersionUnavailable, match=r"version 7: .*held: \[1\]") as info:
         harness.subscriber(server).fetch(7)
-    assert info.value.code() == grpc.StatusCode.NOT_FOUND and "held: [1]" in info.value.details()
+    assert info.value.__cause__.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(FetchFailed, match="UNAUTHENTICATED"):  # after its retries: try again later
+        harness.subscriber(server, token="wrong").fetch(1)
 
 
 def test_the_publish_port_answers_only_get_version(harness):

@@ -4,7 +4,7 @@ verifying assembler, bearer tokens and TLS."""
 
 from nibble.transport.weights.assembler import WeightAssembler, WeightRejected
 from nibble.transport.weights.auth import BearerTokenInterceptor, bearer_metadata, read_token
-from nibble.transport.weights.base import WeightPublisher, WeightSubscriber
+from nibble.transport.weights.base import FetchFailed, VersionUnavailable, WeightPublisher, WeightSubscriber
 from nibble.transport.weights.client import StreamStalled
 from nibble.transport.weights.payload import stream_items
 from nibble.transport.weights.publisher import GrpcWeightPublisher, publisher_from_config
@@ -12,9 +12,11 @@ from nibble.transport.weights.subscriber import GrpcWeightSubscriber, subscriber
 
 __all__ = [
     "BearerTokenInterceptor",
+    "FetchFailed",
     "GrpcWeightPublisher",
     "GrpcWeightSubscriber",
     "StreamStalled",
+    "VersionUnavailable",
     "WeightAssembler",
     "WeightPublisher",
     "WeightRejected",

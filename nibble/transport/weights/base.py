@@ -16,6 +16,16 @@ if TYPE_CHECKING:
     from nibble.recipe.plan import PrecisionPlan
 
 
+class VersionUnavailable(LookupError):
+    """The version asked for is not held (rotated out of the store, or never complete): a newer one will be
+    announced, so the sampler skips it."""
+
+
+class FetchFailed(RuntimeError):
+    """A fetch that transport cut short once its own retries were spent (the source unreachable, refused,
+    or stalled): nothing was applied, and the same version may be fetched again later."""
+
+
 class WeightPublisher(Protocol):
     """The trainer's side: publishes each policy version."""
 
@@ -49,6 +59,8 @@ class WeightSubscriber(Protocol):
 
         Raises:
             WeightRejected: the version failed verification; nothing of it may be applied.
+            VersionUnavailable: the version is not held (skip it; a newer one comes).
+            FetchFailed: transport failed after its retries (try again later).
         """
         ...
 

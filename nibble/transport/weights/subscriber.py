@@ -14,6 +14,7 @@ import torch
 from nibble.config import WeightSyncConfig
 from nibble.transport.weights.assembler import WeightAssembler
 from nibble.transport.weights.auth import FETCH_TOKEN_ENV, read_token
+from nibble.transport.weights.base import FetchFailed, VersionUnavailable
 from nibble.transport.weights.client import GrpcClient, StreamStalled
 from nibble.transport.weights.frames import read_frame
 from nibble.transport.weights.grpc_util import RETRYABLE, Backoff, StallWatchdog
@@ -112,12 +113,21 @@ class GrpcWeightSubscriber(GrpcClient):
 
         Raises:
             WeightRejected: the stream failed verification (nothing of it may be applied).
-            grpc.RpcError: ``NOT_FOUND`` for a version not held, ``UNAUTHENTICATED``, or ``UNAVAILABLE``
-                once the attempts are spent.
-            StreamStalled: no chunk arrived for ``rpc_timeout`` seconds, on every attempt.
+            VersionUnavailable: weight-sync answered ``NOT_FOUND`` (the version is not held).
+            FetchFailed: any other status once the attempts are spent (``UNAVAILABLE``, ``UNAUTHENTICATED``,
+                …), or no chunk for ``rpc_timeout`` seconds on every attempt; the gRPC error is its cause.
         """
         with self._fetch_lock:
-            return self._retrying(lambda: self._fetch_once(version))
+            try:
+                return self._retrying(lambda: self._fetch_once(version))
+            except grpc.RpcError as exc:
+                code = exc.code() if hasattr(exc, "code") else None
+                details = exc.details() if hasattr(exc, "details") else str(exc)
+                if code == grpc.StatusCode.NOT_FOUND:
+                    raise VersionUnavailable(f"version {version}: {details}") from exc
+                raise FetchFailed(f"fetching version {version}: {getattr(code, 'name', code)}: {details}") from exc
+            except StreamStalled as exc:
+                raise FetchFailed(str(exc)) from exc
 
     def _fetch_once(self, version: int) -> tuple[pb.WeightManifest, dict[str, torch.Tensor]]:
         request = pb.FetchRequest(policy_version=version, sampler_id=self.sampler_id)
