@@ -10,20 +10,102 @@ the compute dtype (float32 on the CPU, bfloat16 on GPUs): products of float32 or
 exact in float64 and their sums nearly so, and different orders then agree except within ~1e-16 of a
 rounding boundary. Quantised products run the row-invariant packed GEMM (:mod:`nibble.kernels.gpu.gemm`)
 on GPUs, float64 here elsewhere.
+
+On CUDA with bfloat16 operands (bf16 compute) :func:`linear` instead runs the row-invariant Triton GEMM
+(:mod:`nibble.kernels.gpu.dense_gemm`: float32 accumulation in an order fixed by N and K alone, whatever
+the number of rows), which spares the float64 GEMMs and the float64 copies of the weights (the LM head's
+included) on every call. Attention stays in float64.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from nibble.kernels import backend
 
 WIDE = torch.float64
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x [..., in] @ weight[out, in].T (+ bias)`` accumulated in float64, returned in ``x``'s dtype."""
+    """``x [..., in] @ weight[out, in].T (+ bias [out])`` -> ``[..., out]`` in ``x``'s dtype, each row's bits
+    independent of the number of rows.
+
+    CUDA tensors all in bfloat16 (bf16 compute): the row-invariant Triton GEMM, float32 accumulation, one
+    rounding (:class:`DenseLinear`, differentiable). Everything else (the CPU, float32 compute, mixed
+    dtypes): accumulated in float64 and rounded once.
+    """
+    if runs_dense_gemm(x, weight, bias):
+        return dense_linear(x, weight, bias)
     y = F.linear(x.to(WIDE), weight.to(WIDE), None if bias is None else bias.to(WIDE))
     return y.to(x.dtype)
+
+
+def runs_dense_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """Whether :func:`linear` of these operands runs the Triton GEMM: all on CUDA, all bfloat16, ``weight``
+    a matrix, and triton installed."""
+    operands = (x, weight) if bias is None else (x, weight, bias)
+    return (
+        all(t.is_cuda and t.dtype == torch.bfloat16 for t in operands)
+        and weight.dim() == 2
+        and x.dim() >= 1
+        and backend.triton_available()
+    )
+
+
+def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [..., in] @ weight[out, in].T (+ bias)`` through the row-invariant Triton GEMM (bfloat16 operands,
+    on CUDA; under the Triton interpreter, CPU tensors too), in ``x``'s dtype. Through
+    :class:`DenseLinear` when a gradient is wanted, a plain launch otherwise (no autograd node)."""
+    from nibble.kernels.gpu import dense_gemm  # imports triton: only where the kernel runs
+
+    x2 = x.reshape(-1, x.shape[-1])
+    wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
+    if wants_grad:
+        y = DenseLinear.apply(x2, weight, bias)
+    else:
+        y = dense_gemm.matmul(x2, weight, bias, out_dtype=x.dtype)
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _mm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` accumulated in float32 (a float32 result)."""
+    if a.is_cuda:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return a.to(torch.float32) @ b.to(torch.float32)  # products of bf16 values are exact in float32
+
+
+class DenseLinear(torch.autograd.Function):
+    """``y [M, out] = x [M, in] @ weight[out, in].T (+ bias)``: forward through the row-invariant Triton GEMM
+    (:func:`nibble.kernels.gpu.dense_gemm.matmul`, rounded once to ``x``'s dtype), backward through
+    ordinary matmuls accumulated in float32 (gradients need no row invariance): ``grad_x = dy @ W``,
+    ``grad_W = dy.T @ x``, ``grad_b = Σ dy``, each rounded once to its input's dtype.
+
+    In bf16 compute every operand is bf16 (the weight is its master's bf16 cast, ``bf16_operand``), so
+    ``grad_W`` reaches a float32 master through that cast rounded to bf16, as it did when this product
+    was accumulated in float64; float32 compute never comes here.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        from nibble.kernels.gpu import dense_gemm
+
+        ctx.save_for_backward(x, weight)
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return dense_gemm.matmul(x, weight, bias, out_dtype=x.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        dy = dy.to(x.dtype)
+        grad_x = _mm_f32(dy, weight).to(x.dtype) if ctx.needs_input_grad[0] else None
+        grad_w = _mm_f32(dy.t(), x).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        grad_b = None
+        if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
+            grad_b = dy.sum(0, dtype=torch.float32).to(ctx.bias_dtype)
+        return grad_x, grad_w, grad_b
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
