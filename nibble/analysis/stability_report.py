@@ -1,6 +1,6 @@
 """``nibble report stability``'s library: read a stability results JSON, summarise it per variant, plot it.
 
-The results come from ``benchmarks/stability.py`` (one run per variant × seed, one record per trainer
+The results come from ``benchmarks/stability/`` (one run per variant × seed, one record per trainer
 step); the event definitions (spikes, collapses) live in :mod:`nibble.analysis.stability_events`. Every number in
 the table is the mean over seeds with the sample standard deviation across seeds beside it.
 """

@@ -17,7 +17,7 @@ app.add_typer(report_app, name="report")
 @report_app.command("stability")
 @user_errors
 def stability(
-    results: Annotated[Path, typer.Argument(help="results JSON written by benchmarks/stability.py")],
+    results: Annotated[Path, typer.Argument(help="results JSON written by benchmarks/stability/")],
     out: Annotated[Path, typer.Option(help="directory for table.md and the PNG plots")] = Path("out/stability"),
 ) -> None:
     """Spikes per 100 steps, collapses, final reward and accuracy, mean |Δlogprob| per variant (mean ± std

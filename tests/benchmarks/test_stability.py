@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks.stability import VARIANTS, Setting, dumps, results_document, run_grid
 from nibble.analysis.stability_report import load_results, variant_rows
 
@@ -55,3 +57,49 @@ def test_miniature_grid_records_every_step_and_reports(warm_start, tmp_path):
     assert result.returncode == 0, result.stderr
     assert (out / "table.md").read_text().count("\n") == 4
     assert all((out / name).stat().st_size > 1000 for name in ("grad_norm.png", "reward.png", "accuracy.png"))
+
+
+def test_a_run_config_gives_the_model_task_plan_scope_numbers_and_devices(warm_start, tmp_path):
+    from benchmarks.stability.setting import from_config
+
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        f"model: {{checkpoint: {warm_start}}}\n"
+        "task: {name: addition, options: {digits: 3, eval_size: 32, holdout_fraction: 0.1}}\n"
+        "plan: {quantize: all_linear}\n"
+        "sampler: {group_size: 4, groups_per_batch: 1, max_new_tokens: 8, temperature: 0.9}\n"
+        "trainer: {groups_per_step: 2, learning_rate: 1.0e-4, max_staleness: 1, eval_every: 2, correction: mis}\n"
+    )
+    source, setting = from_config(config, steps=2, eval_every=None, devices=None)
+    assert source.checkpoint == warm_start and source.quantize == "all_linear" and source.devices == ("cpu",)
+    assert source.task == {"name": "addition", "options": {"digits": 3, "eval_size": 32, "holdout_fraction": 0.1}}
+    assert (setting.steps, setting.groups_per_step, setting.group_size, setting.groups_per_batch) == (2, 2, 4, 1)
+    assert (setting.max_new_tokens, setting.learning_rate, setting.max_staleness) == (8, 1e-4, 1)
+    assert (setting.eval_every, setting.eval_size, setting.temperature) == (2, 32, 0.9)
+    trainer = setting.trainer_config()
+    assert trainer.correction == "mis" and trainer.total_steps == 2 and "device" not in setting.trainer
+    assert from_config(config, 2, 5, ["cuda:0", "cuda:1"])[0].devices == ("cuda:0", "cuda:1")
+    [run] = run_grid(source, ["nvfp4_token"], [0], setting)
+    assert run["device"] == "cpu" and [s["step"] for s in run["steps"]] == [1, 2]
+
+
+def test_a_grid_grows_in_parts_only_with_its_own_setting(warm_start, tmp_path):
+    from benchmarks.stability.__main__ import main
+    from benchmarks.stability.results import earlier_runs, save
+
+    out = tmp_path / "grid.json"
+    run = {"variant": "bf16", "seed": 0, "device": "cpu", "warm_start_accuracy": 0.2, "wall_seconds": 1.0,
+           "steps": [{"step": 1, "grad_norm": 1.0}]}  # fmt: skip
+    document = results_document([run], TINY, warm_start, "part 1", 1.0)
+    save(out, document)
+    assert earlier_runs(out, results_document([], TINY, warm_start, "part 2", 0.0)) == [run]
+    other = Setting(**{**TINY.__dict__, "learning_rate": 1.0})
+    with pytest.raises(ValueError, match=r"grid\.json: its setting is .*this grid's is"):
+        earlier_runs(out, results_document([], other, warm_start, "part 2", 0.0))
+    (tmp_path / "junk.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match=r"junk\.json: not a stability results file"):
+        earlier_runs(tmp_path / "junk.json", document)
+    with pytest.raises(SystemExit) as exited:  # an existing results file is never overwritten
+        main(["--checkpoint", str(warm_start), "--out", str(out), "--steps", "1"])
+    assert exited.value.code == 2
+    assert json.loads(out.read_text())["runs"] == [run]

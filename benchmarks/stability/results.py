@@ -1,0 +1,84 @@
+"""The grid's results file: the JSON ``nibble report stability`` reads, written atomically after every
+run, and grown in parts (``--append``: a grid run over several sessions into one file)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from benchmarks.stability.setting import Setting, Source
+from benchmarks.stability.variants import VARIANTS
+from nibble.analysis import stability_events
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def results_document(runs: list[dict], setting: Setting, source: Source | Path, command: str, wall: float) -> dict:
+    """The JSON that ``nibble report stability`` reads (the machine is recorded by the caller);
+    ``wall``: seconds the grid (or this part of it) took."""
+    source = source if isinstance(source, Source) else Source(Path(source))
+    return {
+        "benchmark": "stability",
+        "command": command,
+        "checkpoint": _relative(source.checkpoint),
+        "task": source.task,
+        "quantize": source.quantize,
+        "setting": asdict(setting),
+        "definitions": {
+            "spike": f"grad norm > {stability_events.SPIKE_FACTOR}x the median of the previous "
+            f"{stability_events.SPIKE_WINDOW} steps' finite norms (judged with >= "
+            f"{stability_events.SPIKE_MIN_HISTORY} of them); a non-finite norm is a spike",
+            "collapse": f"held-out accuracy < warm start - {stability_events.COLLAPSE_DROP} at an evaluation, "
+            f"with no evaluation back at or above it within {stability_events.COLLAPSE_PATIENCE} steps",
+        },
+        "variants": {name: VARIANTS[name] for name in dict.fromkeys(r["variant"] for r in runs)},
+        "wall_seconds": wall,
+        "runs": runs,
+    }
+
+
+def earlier_runs(out: Path, document: dict) -> list[dict]:
+    """The runs already in ``out`` for a grid that appends to it (none when ``out`` does not exist).
+
+    Raises:
+        ValueError: ``out`` is not a results file, or was made with another checkpoint, task, plan scope
+            or setting (naming the first field that differs): runs of two settings are not one grid.
+    """
+    if not out.exists():
+        return []
+    try:
+        earlier = json.loads(out.read_text())
+        runs = earlier["runs"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ValueError(f"{out}: not a stability results file ({exc})") from None
+    for key in ("checkpoint", "task", "quantize", "setting"):
+        if earlier.get(key) != document[key]:
+            raise ValueError(f"{out}: its {key} is {earlier.get(key)!r}, this grid's is {document[key]!r}")
+    return runs
+
+
+def dumps(document: dict) -> str:
+    """The results as JSON text: indented, with one line per step record (diffable line by line)."""
+    text = json.dumps({**document, "runs": []}, indent=1)
+    runs = []
+    for run in document["runs"]:
+        head = json.dumps({k: v for k, v in run.items() if k != "steps"})[:-1]
+        steps = ",\n".join("   " + json.dumps(step) for step in run["steps"])
+        runs.append(f'  {head}, "steps": [\n{steps}\n  ]}}')
+    return text.replace('"runs": []', '"runs": [\n' + ",\n".join(runs) + "\n ]") + "\n"
+
+
+def save(out: Path, document: dict) -> None:
+    """Write ``document`` to ``out`` whole or not at all (a temporary file renamed into place)."""
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(dumps(document))
+    tmp.replace(out)
+
+
+def _relative(path: Path) -> str:
+    """``path`` relative to the repository when it lies inside it (the JSON is committed)."""
+    try:
+        return str(Path(path).resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
