@@ -4,6 +4,7 @@ run, and grown in parts (``--append``: a grid run over several sessions into one
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -38,24 +39,32 @@ def results_document(runs: list[dict], setting: Setting, source: Source | Path, 
     }
 
 
-def earlier_runs(out: Path, document: dict) -> list[dict]:
-    """The runs already in ``out`` for a grid that appends to it (none when ``out`` does not exist).
+def earlier_part(out: Path, document: dict) -> tuple[list[dict], list[dict]]:
+    """The runs already in ``out`` and the parts (command, machine, seconds) that made them, for a grid
+    that appends to it (none when ``out`` does not exist).
 
     Raises:
         ValueError: ``out`` is not a results file, or was made with another checkpoint, task, plan scope
             or setting (naming the first field that differs): runs of two settings are not one grid.
     """
     if not out.exists():
-        return []
+        return [], []
     try:
         earlier = json.loads(out.read_text())
         runs = earlier["runs"]
+        if not all(isinstance(r, dict) and {"variant", "seed", "steps"} <= r.keys() for r in runs):
+            raise TypeError("a run without variant, seed and steps")
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise ValueError(f"{out}: not a stability results file ({exc})") from None
+        raise ValueError(f"{out}: not a stability results file ({type(exc).__name__}: {exc})") from None
     for key in ("checkpoint", "task", "quantize", "setting"):
-        if earlier.get(key) != document[key]:
-            raise ValueError(f"{out}: its {key} is {earlier.get(key)!r}, this grid's is {document[key]!r}")
-    return runs
+        mine, theirs = document[key], earlier.get(key)
+        if mine != theirs:
+            if isinstance(mine, dict) and isinstance(theirs, dict):
+                field = next(k for k in sorted({*mine, *theirs}) if mine.get(k) != theirs.get(k))
+                key, mine, theirs = f"{key}.{field}", mine.get(field), theirs.get(field)
+            raise ValueError(f"{out}: its {key} is {theirs!r}, this grid's is {mine!r}")
+    first = {key: earlier.get(key) for key in ("command", "machine", "wall_seconds")}  # a file of one part
+    return runs, earlier.get("parts") or [{**first, "runs": [[r["variant"], r["seed"]] for r in runs]}]
 
 
 def dumps(document: dict) -> str:
@@ -70,10 +79,10 @@ def dumps(document: dict) -> str:
 
 
 def save(out: Path, document: dict) -> None:
-    """Write ``document`` to ``out`` whole or not at all (a temporary file renamed into place)."""
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(dumps(document))
-    tmp.replace(out)
+    """Write ``document`` to ``out`` whole or not at all (a temporary file beside it, renamed into place)."""
+    with tempfile.NamedTemporaryFile("w", dir=out.parent, prefix=f".{out.name}.", delete=False) as tmp:
+        tmp.write(dumps(document))
+    Path(tmp.name).replace(out)
 
 
 def _relative(path: Path) -> str:

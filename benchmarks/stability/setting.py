@@ -8,6 +8,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from nibble.config import TrainerConfig, load
 from nibble.tasks import Task, get_task
 from nibble.warmstart.sft import SFT_RECORD, save_warm_start, train_sft
@@ -49,6 +51,17 @@ class Setting:
     temperature: float = 1.0
     trainer: dict = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        counts = ("steps", "groups_per_step", "group_size", "groups_per_batch", "max_new_tokens", "eval_every")
+        for name in (*counts, "eval_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be ≥ 1")
+        if self.groups_per_step % self.groups_per_batch:
+            raise ValueError(
+                f"groups_per_step={self.groups_per_step} is not a multiple of groups_per_batch="
+                f"{self.groups_per_batch}: each step trains whole generation batches"
+            )
+
     def trainer_config(self) -> TrainerConfig:
         return TrainerConfig(
             **self.trainer,
@@ -76,6 +89,37 @@ class Source:
     quantize: str = "experts"
     devices: tuple[str, ...] = ("cpu",)
 
+    def check_model(self) -> None:
+        """Refuse a checkpoint that is not a model directory, or a warm start without its task record.
+
+        Raises:
+            ValueError: naming the path.
+        """
+        if not (Path(self.checkpoint) / "config.json").is_file():
+            raise ValueError(f"{self.checkpoint}: not a model directory (no config.json)")
+        if self.task is None:
+            _recorded_task(Path(self.checkpoint))
+
+    def check_devices(self) -> None:
+        """Refuse a device this machine does not have.
+
+        Raises:
+            ValueError: naming the device.
+        """
+        for device in self.devices:
+            try:
+                parsed = torch.device(device)
+            except RuntimeError:
+                raise ValueError(f"--devices: {device!r} is not a device (cpu, cuda, cuda:N)") from None
+            if parsed.type == "cuda" and (
+                not torch.cuda.is_available() or (parsed.index or 0) >= torch.cuda.device_count()
+            ):
+                raise ValueError(
+                    f"--devices: {device} is not available here ({torch.cuda.device_count()} CUDA devices)"
+                )
+            if parsed.type not in ("cpu", "cuda"):
+                raise ValueError(f"--devices: {device!r}: runs go on cpu or cuda devices")
+
     def make_task(self, eval_size: int) -> Task:
         """The task, with ``eval_size`` held-out problems where the task takes that option.
 
@@ -84,15 +128,26 @@ class Source:
         """
         if self.task is not None:
             return get_task(self.task["name"], **self.task.get("options", {}))
-        record = Path(self.checkpoint) / SFT_RECORD
-        try:
-            spec = json.loads(record.read_text())["task"]
-        except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise ValueError(f"{record}: missing or malformed task record ({exc})") from exc
+        spec = _recorded_task(Path(self.checkpoint))
         options = dict(spec.get("options", {}))
         if spec["name"] == "addition":
             options["eval_size"] = eval_size
         return get_task(spec["name"], **options)
+
+
+def _recorded_task(checkpoint: Path) -> dict:
+    """The task ``nibble sft`` recorded beside a warm start.
+
+    Raises:
+        ValueError: naming the file when it is missing or malformed.
+    """
+    record = checkpoint / SFT_RECORD
+    try:
+        spec = json.loads(record.read_text())["task"]
+        spec["name"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ValueError(f"{record}: missing or malformed task record ({type(exc).__name__}: {exc})") from None
+    return spec
 
 
 def from_config(path: Path, steps: int, eval_every: int | None, devices: list[str] | None) -> tuple[Source, Setting]:
@@ -114,7 +169,7 @@ def from_config(path: Path, steps: int, eval_every: int | None, devices: list[st
         max_new_tokens=s.max_new_tokens or options.get("max_response_tokens", Setting.max_new_tokens),
         learning_rate=t.learning_rate,
         max_staleness=t.max_staleness,
-        eval_every=eval_every or t.eval_every,
+        eval_every=t.eval_every if eval_every is None else eval_every,
         eval_size=options.get("eval_size", Setting.eval_size),
         temperature=s.temperature,
         trainer={k: v for k, v in t.model_dump(mode="json").items() if k not in _OWNED + _SERVICE},
@@ -129,9 +184,16 @@ def from_config(path: Path, steps: int, eval_every: int | None, devices: list[st
 
 
 def ensure_warm_start(checkpoint: Path, seed: int = 0) -> None:
-    """Train the default warm start (``nibble run``'s: 3-digit addition, target 0.2) when missing."""
-    if (Path(checkpoint) / "config.json").is_file():
+    """Train the default warm start (``nibble run``'s: 3-digit addition, target 0.2) when missing.
+
+    Raises:
+        ValueError: ``checkpoint`` is a file, or a non-empty directory that is not a model (never overwritten).
+    """
+    checkpoint = Path(checkpoint)
+    if (checkpoint / "config.json").is_file():
         return
+    if checkpoint.exists() and (not checkpoint.is_dir() or any(checkpoint.iterdir())):
+        raise ValueError(f"{checkpoint}: neither a warm start (no config.json) nor an empty directory to make one in")
     spec = {"name": "addition", "options": {"digits": 3}}
     with get_task(spec["name"], **spec["options"]) as task:
         model, result = train_sft(task, target_accuracy=0.2, seed=seed)

@@ -59,7 +59,9 @@ def import_checkpoint(
 
     from nibble.interop import import_checkpoint as read
     from nibble.interop import write_dequantized
+    from nibble.model.checkpoint_dir import check_output
 
+    check_output(out, overwrite=overwrite, source=source)  # before reading a large source
     checkpoint = read(source)
     written = write_dequantized(
         checkpoint, out, dtype=getattr(torch, dtype), tokenizer_from=source, overwrite=overwrite

@@ -93,12 +93,13 @@ def export_checkpoint(
     appears complete or not at all.
 
     Raises:
-        ValueError: an unknown layout, a non-empty ``out`` without ``overwrite``, or a weight that has
+        ValueError: an unknown layout, a non-empty ``out`` without ``overwrite`` (or ``out`` holding
+            ``tokenizer_from``, the source), or a weight that has
             no NVFP4 form in these layouts (MXFP8), naming it.
     """
     chosen = _layout(layout)
     out = Path(out)
-    check_output(out, overwrite=overwrite)
+    check_output(out, overwrite=overwrite, source=tokenizer_from)
     modules, dense = split_state(checkpoint.state)
     conflicts = fused_scale_conflicts(modules)
     if conflicts:
@@ -231,12 +232,13 @@ def write_dequantized(
     the same codes (their amax differs from the original's).
 
     Raises:
-        ValueError: no model config, or a non-empty ``out`` without ``overwrite``.
+        ValueError: no model config, a non-empty ``out`` without ``overwrite``, or ``out`` holding
+            ``tokenizer_from`` (the source).
     """
     if checkpoint.model_config is None:
         raise ValueError("the checkpoint has no model config (config.json) to write")
     out = Path(out)
-    check_output(out, overwrite=overwrite)
+    check_output(out, overwrite=overwrite, source=tokenizer_from)
     tensors = {k: v.contiguous() for k, v in dequantized_state(checkpoint, dtype).items()}
     config = {**checkpoint.model_config, "torch_dtype": str(dtype).removeprefix("torch.")}
 
@@ -331,6 +333,11 @@ def _modules(layout: Layout, tensors: dict[str, torch.Tensor], files: dict[str, 
             raise ValueError(
                 f"{files[name]}: {module}.{layout.global_} must be one float32, "
                 f"got {str(parts[1].dtype).removeprefix('torch.')} {list(parts[1].shape)}"
+            )
+        if not bool(torch.isfinite(parts[1]).all() and (parts[1] > 0).all()):
+            raise ValueError(
+                f"{files[name]}: {module}.{layout.global_} is {parts[1].reshape(-1)[0].item()}, "
+                "not a positive finite global scale"
             )
         weight = ModuleWeight(tensor, parts[0], layout.global_from_file(parts[1]))
         check_module(weight, f"{files[name]}: {module}")

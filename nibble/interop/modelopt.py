@@ -63,6 +63,9 @@ class ModelOpt(Layout):
         )
         if str(algo).upper() != QUANT_ALGO:
             raise ValueError(f"{where}: ModelOpt quant_algo {algo!r}, Nibble reads {QUANT_ALGO!r} only")
+        group = quantization_config.get("group_size", (quantization_config.get("quantization") or {}).get("group_size"))
+        if group is not None and group != 16:
+            raise ValueError(f"{where}: ModelOpt group_size {group!r}, NVFP4 blocks are 16 elements")
 
 
 MODELOPT = ModelOpt()

@@ -85,21 +85,40 @@ def test_a_run_config_gives_the_model_task_plan_scope_numbers_and_devices(warm_s
 
 def test_a_grid_grows_in_parts_only_with_its_own_setting(warm_start, tmp_path):
     from benchmarks.stability.__main__ import main
-    from benchmarks.stability.results import earlier_runs, save
+    from benchmarks.stability.results import earlier_part, save
 
     out = tmp_path / "grid.json"
     run = {"variant": "bf16", "seed": 0, "device": "cpu", "warm_start_accuracy": 0.2, "wall_seconds": 1.0,
            "steps": [{"step": 1, "grad_norm": 1.0}]}  # fmt: skip
     document = results_document([run], TINY, warm_start, "part 1", 1.0)
-    save(out, document)
-    assert earlier_runs(out, results_document([], TINY, warm_start, "part 2", 0.0)) == [run]
+    save(out, {**document, "machine": {"gpu": "H200"}})
+    runs, parts = earlier_part(out, results_document([], TINY, warm_start, "part 2", 0.0))
+    assert runs == [run]
+    assert parts == [{"command": "part 1", "machine": {"gpu": "H200"}, "wall_seconds": 1.0, "runs": [["bf16", 0]]}]
     other = Setting(**{**TINY.__dict__, "learning_rate": 1.0})
-    with pytest.raises(ValueError, match=r"grid\.json: its setting is .*this grid's is"):
-        earlier_runs(out, results_document([], other, warm_start, "part 2", 0.0))
-    (tmp_path / "junk.json").write_text("[1, 2]")
-    with pytest.raises(ValueError, match=r"junk\.json: not a stability results file"):
-        earlier_runs(tmp_path / "junk.json", document)
-    with pytest.raises(SystemExit) as exited:  # an existing results file is never overwritten
-        main(["--checkpoint", str(warm_start), "--out", str(out), "--steps", "1"])
-    assert exited.value.code == 2
-    assert json.loads(out.read_text())["runs"] == [run]
+    with pytest.raises(ValueError, match=r"grid\.json: its setting\.learning_rate is 0\.0003, this grid's is 1\.0"):
+        earlier_part(out, results_document([], other, warm_start, "part 2", 0.0))
+    for junk in ("[1, 2]", '{"runs": 5}', '{"runs": [{"foo": 1}]}'):
+        (tmp_path / "junk.json").write_text(junk)
+        with pytest.raises(ValueError, match=r"junk\.json: not a stability results file"):
+            earlier_part(tmp_path / "junk.json", document)
+    before = out.read_text()
+    refused = [
+        ["--checkpoint", str(warm_start), "--out", str(out), "--steps", "1"],  # never overwritten
+        ["--checkpoint", str(warm_start), "--out", str(tmp_path / "n.json"), "--devices", "gpu7"],
+        ["--checkpoint", str(warm_start), "--out", str(tmp_path / "n.json"), "--devices", "cuda:7"],
+        ["--checkpoint", str(tmp_path), "--out", str(tmp_path / "n.json")],  # not empty, not a model: kept
+        ["--checkpoint", str(warm_start), "--out", str(out / "sub.json")],
+    ]
+    for argv in refused:
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2, argv
+    assert out.read_text() == before and not (tmp_path / "n.json").exists()
+
+
+def test_settings_that_cannot_run_as_recorded_are_refused():
+    with pytest.raises(ValueError, match="groups_per_step=4 is not a multiple of groups_per_batch=3"):
+        Setting(groups_per_step=4, groups_per_batch=3)
+    with pytest.raises(ValueError, match="eval_every=0 must be"):
+        Setting(eval_every=0)

@@ -294,3 +294,36 @@ def test_tensors_the_model_config_cannot_load_are_refused_at_import(layout, dens
         ValueError, match=rf"config\.json: tensor {up}\.weight has shape \(48, 64\), config\.json implies"
     ):
         import_checkpoint(out)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 0.0, -1.0])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_global_scale_that_is_not_positive_and_finite_is_named(layout, value, dense, tmp_path):
+    global_ = NAMES[layout][2]
+    down = "model.layers.0.mlp.down_proj"
+
+    def spoil(tensors):
+        tensors[f"{down}.{global_}"] = torch.full_like(tensors[f"{down}.{global_}"], value)
+
+    out = exported(dense, tmp_path, layout, spoil)
+    with pytest.raises(ValueError, match=rf"{down}\.{global_} is .*not a positive finite global scale"):
+        import_checkpoint(out)
+
+
+def test_a_modelopt_group_size_other_than_16_is_named(dense, tmp_path):
+    out = export_checkpoint(dense, tmp_path / "out", "modelopt")
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"]["group_size"] = 32
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"config\.json: ModelOpt group_size 32"):
+        import_checkpoint(out)
+
+
+def test_an_output_that_holds_the_source_is_refused_even_with_overwrite(dense, tmp_path):
+    source = export_checkpoint(dense, tmp_path / "parent" / "ct", "compressed-tensors")
+    checkpoint = import_checkpoint(source)
+    (source.parent / "config.json").write_text("{}")  # the parent looks like a checkpoint --overwrite may replace
+    for out in (source, source.parent):
+        with pytest.raises(ValueError, match="must not be the source or a folder holding it"):
+            write_dequantized(checkpoint, out, tokenizer_from=source, overwrite=True)
+    assert (source / "model.safetensors").is_file()
