@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from pydantic import ValidationError
 
 from nibble.config import RunConfig, devices
 from nibble.monitoring import prometheus as local_prometheus
@@ -222,15 +223,26 @@ def replaced_directories(config: RunConfig, out: Path) -> list[str]:
 
 def effective_config(config: RunConfig, out: Path, redis_url: str, *, metrics_ports: bool = False) -> RunConfig:
     """The config every child reads: the run's, with this run's ports, URL and directories (with
-    ``metrics_ports``, weight-sync's and the trainer's ``/metrics`` on known ports too: free ones unless set)."""
+    ``metrics_ports``, weight-sync's and the trainer's ``/metrics`` on known ports too: free ones unless set).
+
+    Raises:
+        ValueError: the run folder's directories make the config invalid (e.g. ``weightsync.export_dir`` set
+            to what becomes ``store_dir``), naming the fields.
+    """
     data = config.model_dump(mode="json")
     data["redis"]["url"] = redis_url
     data["weightsync"].update(port=free_port(), publish_port=free_port())
+    replaced = []
     for section, name, sub in RUN_FOLDER_DIRECTORIES:
         data[section][name] = str(out / sub)
+        replaced.append(f"{section}.{name} = {out / sub}")
     for section in ("weightsync", "trainer") if metrics_ports else ():
         data[section]["metrics_port"] = data[section]["metrics_port"] or free_port()  # a configured port stays
-    return RunConfig.model_validate(data)
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}".lstrip(": ") for e in exc.errors())
+        raise ValueError(f"with the run folder's directories ({', '.join(replaced)}): {problems}") from None
 
 
 def write_config(config: RunConfig, path: Path) -> Path:

@@ -42,7 +42,7 @@ def run(
     A folder that holds a run is never overwritten: without --resume or --new, nibble run refuses it.
     """
     from nibble.cli.run_config import run_config
-    from nibble.launcher import check_devices, check_model_and_task, replaced_directories
+    from nibble.launcher import check_devices, check_model_and_task, effective_config, replaced_directories
     from nibble.rundir import RunRecord, State, choose, inspect, locked
     from nibble.trainer.backend import check_backend
 
@@ -56,6 +56,7 @@ def run(
     check_backend(loaded.trainer.backend, loaded.trainer.device)  # refusals come before anything starts
     check_devices(loaded)
     check_model_and_task(loaded)
+    effective_config(loaded, out, loaded.redis.url)  # the run folder's directories must keep the config valid
     if prometheus:
         _require_prometheus()
     with locked(out):

@@ -90,3 +90,16 @@ def test_directories_a_run_keeps_in_its_folder_are_named_when_the_config_sets_ot
     effective = launcher.effective_config(mine, tmp_path / "run", "redis://127.0.0.1:1/0")
     assert effective.trainer.checkpoint_dir == tmp_path / "run" / "trainer"
     assert effective.weightsync.store_dir == tmp_path / "run" / "weights"
+
+
+def test_a_config_the_run_folder_would_make_invalid_is_refused_naming_the_fields(tmp_path):
+    import pytest
+
+    from nibble.config import load
+
+    config = load(None)
+    clash = config.model_copy(
+        update={"weightsync": config.weightsync.model_copy(update={"export_dir": tmp_path / "run" / "weights"})}
+    )
+    with pytest.raises(ValueError, match=r"run folder's directories \(.*weightsync\.store_dir = .*export_dir must"):
+        launcher.effective_config(clash, tmp_path / "run", config.redis.url)
