@@ -177,12 +177,15 @@ def _read_plan(
     layers = config.get("num_hidden_layers")
     if layers != plan.num_layers:
         raise ValueError(f"{plan_file}: num_layers={plan.num_layers}, but config.json has num_hidden_layers={layers}")
-    for module in modules:
-        if plan.format_of(f"{module}.weight") != "nvfp4":
-            raise ValueError(f"{plan_file}: {module} is stored in NVFP4, but the plan gives it another format")
-    for name in dense:
-        if plan.format_of(name) == "nvfp4":
-            raise ValueError(f"{plan_file}: the plan puts {name} in NVFP4, but it is stored unquantised")
+    try:
+        for module in modules:
+            if plan.format_of(f"{module}.weight") != "nvfp4":
+                raise ValueError(f"{module} is stored in NVFP4, but the plan gives it another format")
+        for name in dense:
+            if plan.format_of(name) == "nvfp4":
+                raise ValueError(f"the plan puts {name} in NVFP4, but it is stored unquantised")
+    except ValueError as exc:  # format_of also names a tensor of a layer the plan does not have
+        raise ValueError(f"{plan_file}: {exc}") from None
     conflicts = fused_scale_conflicts(modules)
     if plan.gate_up_global_scale == "shared" and conflicts:
         raise ValueError(
@@ -200,8 +203,12 @@ def _check_shapes(checkpoint: QuantizedCheckpoint, config_file: Path) -> None:
     from nibble.model.hf import model_from_state
 
     meta = QuantizedCheckpoint({k: v.to("meta") for k, v in checkpoint.state.items()}, checkpoint.model_config)
+    try:
+        config = ModelConfig.from_hf(checkpoint.model_config)
+    except ValueError as exc:
+        raise ValueError(f"{config_file}: {exc}") from None
     with torch.device("meta"):
-        model_from_state(ModelConfig.from_hf(checkpoint.model_config), dequantized_state(meta), where=str(config_file))
+        model_from_state(config, dequantized_state(meta), where=str(config_file))
 
 
 def dequantized_state(checkpoint: QuantizedCheckpoint, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:

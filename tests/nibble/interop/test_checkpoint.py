@@ -327,3 +327,12 @@ def test_an_output_that_holds_the_source_is_refused_even_with_overwrite(dense, t
         with pytest.raises(ValueError, match="must not be the source or a folder holding it"):
             write_dequantized(checkpoint, out, tokenizer_from=source, overwrite=True)
     assert (source / "model.safetensors").is_file()
+
+
+def test_a_model_config_nibble_cannot_read_is_named_with_its_file(dense, tmp_path):
+    out = export_checkpoint(dense, tmp_path / "out", "compressed-tensors")
+    config = json.loads((out / "config.json").read_text())
+    del config["vocab_size"]
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"config\.json: .*vocab_size"):
+        import_checkpoint(out)
