@@ -5,7 +5,7 @@ For each ``[N, K]`` weight and row count M: the kernel through the row-tile tabl
 replaced (``F.linear`` of float64 copies, weight conversion included, as ``compute.linear`` did on every
 call), and cuBLAS bf16 (not row-invariant: the speed of light). With ``--tiles`` every candidate
 ``(BLOCK_M, num_warps)`` is timed too and its rows compared bit for bit with the reference tile's (the
-evidence for ``dense_gemm.ROW_TILES``). Every row of every product is also compared with the same row of
+evidence for ``row_invariance.ROW_TILES``). Every row of every product is also compared with the same row of
 the largest product (row invariance). Times are CUDA-graph replays with a cold L2
 (``benchmarks.kernels_gpu``'s method). Run on the GPU machine:
 
@@ -23,13 +23,13 @@ import torch.nn.functional as F
 
 from benchmarks.kernels_gpu import copies_for, graph_time
 from benchmarks.machine import describe
-from nibble.kernels.gpu import dense_gemm
+from nibble.kernels.gpu import dense_gemm, row_invariance
 
 # (N, K): LM head, q_proj, k/v_proj, o_proj, router of Qwen3-30B-A3B (hidden 2048)
 SHAPES = ((151936, 2048), (4096, 2048), (512, 2048), (2048, 4096), (128, 2048))
 M_VALUES = (1, 16, 64, 256, 1024, 4096)
 FLOAT64_UP_TO = 256  # the float64 path is timed at decode sizes only (it is slow)
-TILES = (dense_gemm.REFERENCE_TILE, (32, 4), (64, 4), (64, 8), (128, 4), (128, 8))
+TILES = (row_invariance.REFERENCE_TILE, (32, 4), (64, 4), (64, 8), (128, 4), (128, 8))
 
 
 def _float64_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -42,7 +42,7 @@ def bench_shape(n: int, k: int, sweep_tiles: bool) -> list[dict]:
     ws = [w.clone() for _ in range(copies_for(n * k * 2))]
     x_all = torch.randn(max(M_VALUES), k, device="cuda", dtype=torch.bfloat16)
     full = dense_gemm.matmul(x_all, w)
-    reference_all = dense_gemm.matmul(x_all, w, tile=dense_gemm.REFERENCE_TILE)
+    reference_all = dense_gemm.matmul(x_all, w, tile=row_invariance.REFERENCE_TILE)
     rows = []
     for m in M_VALUES:
         x = x_all[:m]
@@ -53,7 +53,7 @@ def bench_shape(n: int, k: int, sweep_tiles: bool) -> list[dict]:
         row = {
             "shape": [n, k],
             "m": m,
-            "tile": list(dense_gemm.row_tile(m, x.device)),
+            "tile": list(row_invariance.row_tile(m, x.device)),
             "split_k": dense_gemm.split_k(n, k, x.device),
             "rows_equal_to_largest_product": bool(torch.equal(y, full[:m])),
             "rel_frobenius_vs_float64": exact,

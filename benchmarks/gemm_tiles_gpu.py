@@ -22,9 +22,10 @@ from benchmarks.kernels_gpu import copies_for, graph_time
 from benchmarks.machine import describe
 from nibble.kernels import nvfp4
 from nibble.kernels.gpu import gemm as gpu_gemm
+from nibble.kernels.gpu import row_invariance
 from nibble.kernels.tensors import NVFP4Tensor
 
-REFERENCE = gpu_gemm.REFERENCE_TILE
+REFERENCE = row_invariance.REFERENCE_TILE
 TILES = (REFERENCE, (32, 4), (64, 4), (64, 8), (128, 4), (128, 8))
 M_VALUES = (1, 16, 32, 64, 128, 512, 1024, 4096, 8192)
 SHAPES = ((8192, 7168), (2048, 7168), (7168, 2048))  # dense decode, an expert's gate_up and down

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from benchmarks.machine import describe
 from nibble.kernels import gemm, nvfp4
 from nibble.kernels.gpu import gemm as gpu_gemm
+from nibble.kernels.gpu import row_invariance
 from nibble.kernels.tensors import NVFP4Tensor
 
 ROTATE_BYTES = 256 * 2**20
@@ -119,7 +120,7 @@ def _dense_row(m: int, n: int, k: int, ws: list[torch.Tensor], qws: list[NVFP4Te
         "dequantize_then_cublas": decoded,
         "speedup_gemm": bf16["graph_s"] / kernel["graph_s"],
         "speedup_quantize_and_gemm": bf16["graph_s"] / fused["graph_s"],
-        "path": f"packed Triton GEMM, row tile {gpu_gemm.row_tile(m, x.device)}",
+        "path": f"packed Triton GEMM, row tile {row_invariance.row_tile(m, x.device)}",
     }
     print(
         f"dense {n}x{k} M={m:5d}: bf16 {bf16['graph_s'] * 1e6:8.1f} us  nvfp4 {kernel['graph_s'] * 1e6:8.1f} us "

@@ -11,7 +11,7 @@ order is fixed or decided from N and K alone, as in the packed NVFP4 GEMM (:mod:
 - K is split over ``SPLIT_K`` programs only when the column tiles alone are too few to fill the GPU
   (decided from N and K, never from M), each writing float32 partial sums that are then added in split
   order, element by element;
-- the row tile (BLOCK_M, num_warps) varies with M (:data:`ROW_TILES`): it changes which rows a program
+- the row tile (BLOCK_M, num_warps) varies with M (:data:`.row_invariance.ROW_TILES`): it changes which rows a program
   holds, not the order in which a row sums over K. That this gives the same bits is measured, not
   assumed (``tests/kernels/test_dense_gemm.py::test_each_row_gets_the_same_bits_whatever_the_row_count``
   on the GPU); should a compiler ever make it false, a one-entry table restores invariance.
@@ -31,21 +31,13 @@ import torch
 import triton
 import triton.language as tl
 
-# (rows up to, (BLOCK_M, num_warps)): the table of the packed NVFP4 GEMM (kernels/gpu/gemm.py ROW_TILES),
-# measured there to give bit-identical rows for every tile; here checked by the GPU test named above.
-ROW_TILES = ((16, (16, 4)), (64, (64, 4)), (None, (128, 8)))
-REFERENCE_TILE = ROW_TILES[0][1]
-ROW_TILES_USED = tuple(tile for _, tile in ROW_TILES)
+from . import row_invariance
+from .row_invariance import row_tile, sum_in_split_order
 
 BLOCK_N = 64
 _CUDA_CONFIG = {"BLOCK_N": BLOCK_N, "BLOCK_K": 64, "num_stages": 4}
 # The Triton interpreter (CPU tests) runs a smaller tile, so that small test shapes cover several tiles.
 _INTERPRETER_CONFIG = {"BLOCK_N": 32, "BLOCK_K": 32}
-# Split K until the launch has TARGET_PROGRAMS programs (two per multiprocessor of an H100/H200), keeping at
-# least MIN_SPLIT_K elements of K per program. A constant, not the device's multiprocessor count: trainer
-# and samplers on different GPUs must split, and so sum, alike. The CPU value makes small test shapes split.
-TARGET_PROGRAMS = 2 * 132
-MIN_SPLIT_K = {"cuda": 1024, "cpu": 64}
 OUT_DTYPES = (torch.bfloat16, torch.float32)
 
 
@@ -105,24 +97,11 @@ def dense_gemm_kernel(
         tl.store(out_ptr + pid_k.to(tl.int64) * M * N + out_offs, acc, mask=out_mask)
 
 
-def row_tile(m: int, device: torch.device) -> tuple[int, int]:
-    """``(BLOCK_M, num_warps)`` for an M-row product, from :data:`ROW_TILES` on CUDA; the interpreter keeps
-    :data:`REFERENCE_TILE` (its dots are NumPy matmuls, whose order may depend on the tile's rows)."""
-    if device.type != "cuda":
-        return REFERENCE_TILE
-    return next(tile for limit, tile in ROW_TILES if limit is None or m <= limit)
-
-
 def split_k(n: int, k: int, device: torch.device) -> int:
-    """How many programs share K: a power of two bringing the ``cdiv(n, BLOCK_N)`` column tiles towards
-    :data:`TARGET_PROGRAMS` (1 when they reach it), each keeping at least ``MIN_SPLIT_K`` of K. Row tiles
-    are not counted, so the split — and each row's summation order — is the same for every M."""
+    """How many programs share K for an ``[N, K]`` weight (:func:`.row_invariance.split_k` of its
+    ``cdiv(N, BLOCK_N)`` column tiles), the same for every M."""
     block_n = (_CUDA_CONFIG if device.type == "cuda" else _INTERPRETER_CONFIG)["BLOCK_N"]
-    programs = triton.cdiv(n, block_n)
-    split = 1
-    while programs * split < TARGET_PROGRAMS and k // (2 * split) >= MIN_SPLIT_K[device.type]:
-        split *= 2
-    return split
+    return row_invariance.split_k(triton.cdiv(n, block_n), k, device)
 
 
 def matmul(
@@ -191,10 +170,8 @@ def matmul(
             *args, STATIC_CHUNK=chunk, HAS_BIAS=b is not None, SPLIT_K=split, BLOCK_M=block_m, **config,
             DOT_DTYPE=tl.float32,
         )  # fmt: skip
-    if split > 1:  # partial sums added in split order, element by element (a reduction kernel may reorder)
-        total = target[0].clone()
-        for part in target[1:]:
-            total += part
+    if split > 1:
+        total = sum_in_split_order(target)
         if b is not None:
             total += b
         target = total

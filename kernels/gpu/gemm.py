@@ -10,54 +10,15 @@ from ..tensors import NVFP4_BLOCK, NVFP4Tensor
 from . import grouped
 from .nvfp4 import dequantize
 from .nvfp4_gemm import nvfp4_gemm_kernel
+from .row_invariance import row_tile, split_k, sum_in_split_order
 
-# Row invariance: row r of a product must not depend on how many rows are computed with it — the sampler
-# decodes a few rows at a time, the trainer scores thousands, and the bit-exact logprob contract needs the
-# same bits from both. So what sets a row's summation order — BLOCK_K, the tensor-core operand types, the
-# split of K — is one fixed configuration for every row count (no autotuning, whose pick may differ between
-# processes; no switch to a vendor GEMM above some row count, which sums in another order), and K is split
-# by the column tiles alone. The dequantise-and-vendor-GEMM forms below stay
-# for benchmarks/kernels_gpu.py to measure against.
+# Row invariance (:mod:`.row_invariance`): one BLOCK_K and operand type for every row count, K split by the
+# column tiles alone, the row tile from the rows per weight matrix. The dequantise-and-vendor-GEMM form below
+# stays for benchmarks/kernels_gpu.py to measure against.
 BLOCK_N = 64
 _CUDA_CONFIG = {"BLOCK_N": BLOCK_N, "BLOCK_K": 128, "num_stages": 4}
-# The row tile (BLOCK_M, num_warps) varies with the rows per weight matrix: it changes which rows a program
-# holds, not the order in which any row sums over K. That each row then gets the same bits whatever the tile
-# was measured, not assumed: on the H200 every tile below gave bit-identical rows to (16, 4) at every row
-# count from 1 to 8192 on three shapes, and the table is the fastest there
-# (benchmarks/gemm_tiles_gpu.py, benchmarks/results/h200_gemm_tiles.json). (rows up to, (BLOCK_M, num_warps)):
-ROW_TILES = ((16, (16, 4)), (64, (64, 4)), (None, (128, 8)))
-REFERENCE_TILE = ROW_TILES[0][1]
-ROW_TILES_USED = tuple(tile for _, tile in ROW_TILES)
-
-
-def row_tile(rows_per_matrix: float, device: torch.device) -> tuple[int, int]:
-    """``(BLOCK_M, num_warps)`` for ``rows_per_matrix`` rows against one weight matrix (a dense product's M,
-    a grouped product's rows per expert), from :data:`ROW_TILES` on CUDA. The Triton interpreter keeps
-    :data:`REFERENCE_TILE`: its dot products are NumPy matmuls, whose summation order may depend on the
-    tile's rows."""
-    if device.type != "cuda":
-        return REFERENCE_TILE
-    return next(tile for limit, tile in ROW_TILES if limit is None or rows_per_matrix <= limit)
-
-
 # The Triton interpreter (CPU tests) runs a smaller tile.
 _INTERPRETER_CONFIG = {"BLOCK_N": 32, "BLOCK_K": 64}
-# Split K until the launch has TARGET_PROGRAMS programs (two per multiprocessor of an H100/H200), keeping at
-# least MIN_SPLIT_K elements of K per program (the interpreter, on small test shapes, splits too: the path
-# is tested). A constant, not the device's multiprocessor count: a trainer and samplers on different GPUs
-# (or MIG slices) must still split, and so sum, alike.
-TARGET_PROGRAMS = 2 * 132
-MIN_SPLIT_K = {"cuda": 1024, "cpu": 64}
-
-
-def _split_k(programs: int, k: int, device: torch.device) -> int:
-    """How many programs share K: a power of two that brings ``programs`` column tiles towards
-    :data:`TARGET_PROGRAMS` (1 when they already reach it). Row tiles are not counted, so the split — and
-    each row's summation order — is the same for every number of rows."""
-    split = 1
-    while programs * split < TARGET_PROGRAMS and k // (2 * split) >= MIN_SPLIT_K[device.type]:
-        split *= 2
-    return split
 
 
 def _launch(
@@ -80,7 +41,7 @@ def _launch(
     """Run the kernel into ``out`` ``[rows, n]``, through a float32 split-K workspace when K is split."""
     cuda = xe.is_cuda
     block_n = BLOCK_N if cuda else _INTERPRETER_CONFIG["BLOCK_N"]
-    split = _split_k(triton.cdiv(n, block_n), k, xe.device)
+    split = split_k(triton.cdiv(n, block_n), k, xe.device)
     target = out if split == 1 else torch.empty((split, rows, n), dtype=torch.float32, device=out.device)
     args = (xe, xo, xg, x_rows, w_codes, w_scales, wg, target, *tiles, rows, n, k)
     grid = (m_tiles, triton.cdiv(n, block_n), split)
@@ -91,11 +52,8 @@ def _launch(
         )  # fmt: skip
     else:
         nvfp4_gemm_kernel[grid](*args, **constexprs, SPLIT_K=split, **_INTERPRETER_CONFIG, DOT_DTYPE=tl.float32)
-    if split > 1:  # partial sums added in split order, element by element (a reduction kernel may reorder)
-        total = target[0].clone()
-        for part in target[1:]:
-            total += part
-        out.copy_(total)
+    if split > 1:
+        out.copy_(sum_in_split_order(target))
 
 
 def _decoded_activations(qx: NVFP4Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,6 +15,7 @@ from tests.helpers import assert_same_bits, gaussian, heavy_tailed, parity_input
 
 pytest.importorskip("triton", reason="the triton package is not installed")
 from nibble.kernels.gpu import gemm as gpu_gemm  # imports triton, hence after the skip
+from nibble.kernels.gpu import row_invariance
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -107,7 +108,7 @@ def test_gemm_matches_float64_products_of_the_same_codes(m, n, k):
     assert _rel_frobenius(gemm.matmul(ref_qx, cpu_qw, out_dtype=torch.float64, backend="reference"), ref) < 1e-12
 
 
-@pytest.mark.parametrize("tile", gpu_gemm.ROW_TILES_USED)
+@pytest.mark.parametrize("tile", row_invariance.ROW_TILES_USED)
 def test_every_row_tile_computes_the_product(tile):
     """Each (BLOCK_M, num_warps) of the row-tile table, forced, on shapes that leave partial row tiles."""
     m, n, k = 70, 200, 272
