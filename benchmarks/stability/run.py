@@ -184,7 +184,7 @@ def run_grid(
         free = manager.Queue()
         for device in devices:
             free.put(device)
-        futures = {pool.submit(_run_on_free_device, free, source, v, s, setting): (v, s) for v, s in jobs}
+        futures = {pool.submit(run_on_free_device, free, source, v, s, setting): (v, s) for v, s in jobs}
         for future in as_completed(futures):
             runs[futures[future]] = future.result()
             if on_run:
@@ -192,7 +192,7 @@ def run_grid(
     return [runs[j] for j in jobs]
 
 
-def _run_on_free_device(free, source: Source, variant: str, seed: int, setting: Setting) -> dict:
+def run_on_free_device(free, source: Source, variant: str, seed: int, setting: Setting) -> dict:
     """:func:`run_one` on a device taken from the queue ``free`` and given back after."""
     device = free.get()
     try:
