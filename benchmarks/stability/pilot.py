@@ -121,8 +121,38 @@ def main(argv: list[str] | None = None) -> None:
     settings = {
         p: dataclasses.replace(base, learning_rate=p.learning_rate, max_staleness=p.max_staleness) for p in points
     }
+    if source.task is not None and "eval_size" in source.task.get("options", {}):
+        # pilots judge grad norms, mismatch and reward; the held-out accuracy only costs time here
+        source = dataclasses.replace(
+            source, task={**source.task, "options": {**source.task["options"], "eval_size": 16}}
+        )
     started = time.time()
     summaries: dict[Point, dict[str, dict]] = {p: {} for p in points}
+
+    def record() -> tuple[Point | None, dict[Point, str]]:
+        """Written after every run: a pilot stopped at a time limit keeps what finished."""
+        complete = {p: v for p, v in summaries.items() if len(v) == len(PILOT_VARIANTS)}
+        chosen, verdicts = choose(complete)
+        document = {
+            "benchmark": "stability_pilots",
+            "command": " ".join([".venv/bin/python", "-m", "benchmarks.stability.pilot", *(argv or sys.argv[1:])]),
+            "machine": describe(),
+            "config": str(args.config),
+            "setting": dataclasses.asdict(base),
+            "rule": __doc__.split("The choice rule is fixed here, before any pilot ran:")[1]
+            .split("    .venv")[0]
+            .strip(),
+            "points": [
+                {**dataclasses.asdict(p), "verdict": verdicts.get(p, "unfinished"), "variants": summaries[p]}
+                for p in points
+            ],
+            "chosen": dataclasses.asdict(chosen) if chosen else None,
+            "wall_seconds": time.time() - started,
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(document, indent=1) + "\n")
+        return chosen, verdicts
+
     context = multiprocessing.get_context("spawn")
     with context.Manager() as manager, ProcessPoolExecutor(len(source.devices), mp_context=context) as pool:
         free = manager.Queue()
@@ -138,23 +168,11 @@ def main(argv: list[str] | None = None) -> None:
             summaries[point][variant] = summarize(future.result())
             print(f"{time.time() - started:6.0f}s lr {point.learning_rate:g} staleness {point.max_staleness} "
                   f"{variant}: {json.dumps(summaries[point][variant])}", flush=True)  # fmt: skip
-    chosen, verdicts = choose(summaries)
+            record()
+    chosen, verdicts = record()
     for point in points:
         print(f"lr {point.learning_rate:g} staleness {point.max_staleness}: {verdicts[point]}")
     print(f"chosen: {dataclasses.asdict(chosen) if chosen else 'none (no usable point)'}")
-    record = {
-        "benchmark": "stability_pilots",
-        "command": " ".join([".venv/bin/python", "-m", "benchmarks.stability.pilot", *(argv or sys.argv[1:])]),
-        "machine": describe(),
-        "config": str(args.config),
-        "setting": dataclasses.asdict(base),
-        "rule": __doc__.split("The choice rule is fixed here, before any pilot ran:")[1].split("    .venv")[0].strip(),
-        "points": [{**dataclasses.asdict(p), "verdict": verdicts[p], "variants": summaries[p]} for p in points],
-        "chosen": dataclasses.asdict(chosen) if chosen else None,
-        "wall_seconds": time.time() - started,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"recorded {args.out}")
 
 
