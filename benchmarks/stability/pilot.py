@@ -13,7 +13,8 @@ an H200 mostly idle). The choice rule is fixed here, before any pilot ran:
    maximum grad norm over its median (spikiness) to ``bf16``'s, ties broken by the larger ratio of their
    mean train–rollout |Δlogprob| (the mismatch that drives drift);
 3. no usable point: the pilot says so and chooses nothing (the grid must not run on a setting where BF16
-   itself does not learn).
+   itself does not learn). A run that fails (out of GPU memory, say) makes its point unusable, recorded
+   with the error; the other pilots go on.
 
     .venv/bin/python -m benchmarks.stability.pilot --config configs/smollm2-gpu.yaml --steps 20 \
         --learning-rates 1e-5 3e-5 1e-4 --staleness 2 4 --devices cuda:0 cuda:0 cuda:0 cuda:0 \
@@ -71,7 +72,10 @@ def choose(points: dict[Point, dict[str, dict]]) -> tuple[Point | None, dict[Poi
     verdicts, usable = {}, []
     for point, by_variant in points.items():
         naive, bf16 = by_variant["nvfp4_naive"], by_variant["bf16"]
-        if naive["non_finite_norms"] or bf16["non_finite_norms"]:
+        failed = [f"{v}: {r['error']}" for v, r in by_variant.items() if "error" in r]
+        if failed:
+            verdicts[point] = f"not usable: a run failed ({'; '.join(failed)})"
+        elif naive["non_finite_norms"] or bf16["non_finite_norms"]:
             verdicts[point] = "not usable: a non-finite grad norm"
         elif bf16["reward_first_half"] is not None and (
             bf16["reward_second_half"] < bf16["reward_first_half"] - REWARD_TOLERANCE
@@ -165,7 +169,10 @@ def main(argv: list[str] | None = None) -> None:
         }
         for future in as_completed(futures):
             point, variant = futures[future]
-            summaries[point][variant] = summarize(future.result())
+            try:
+                summaries[point][variant] = summarize(future.result())
+            except Exception as exc:  # one failed run (out of GPU memory, say) must not lose the others
+                summaries[point][variant] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
             print(f"{time.time() - started:6.0f}s lr {point.learning_rate:g} staleness {point.max_staleness} "
                   f"{variant}: {json.dumps(summaries[point][variant])}", flush=True)  # fmt: skip
             record()

@@ -30,6 +30,10 @@ def test_the_point_where_naive_is_furthest_from_bf16_is_chosen_among_usable_ones
     }
     chosen, verdicts = choose(points)
     assert chosen == stressed
+    points[Point(1e-2, 4)] = {"nvfp4_naive": {"error": "OutOfMemoryError: CUDA out of memory"}, "bf16": _summary(9, 9)}
+    assert choose(points)[0] == stressed
+    assert "OutOfMemoryError" in choose(points)[1][Point(1e-2, 4)]
+    del points[Point(1e-2, 4)]
     assert verdicts[falling].startswith("not usable: bf16") and verdicts[broken].startswith("not usable: a non")
     assert verdicts[calm].startswith("usable") and verdicts[stressed].startswith("usable")
     # ties in spikiness are broken by the mismatch ratio
