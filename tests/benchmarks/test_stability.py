@@ -147,3 +147,20 @@ def test_the_cpu_grid_recorded_before_plan_scope_trainer_and_step_times_still_ta
             earlier_part(copied, results_document([], other, source, "part 2", 0.0))
     with pytest.raises(ValueError, match=r"its quantize is 'experts', this grid's is 'all_linear'"):
         earlier_part(copied, results_document([], setting, Source(source, quantize="all_linear"), "part 2", 0.0))
+
+
+def test_the_command_records_step_times_that_calibrate_the_simulator(warm_start, tmp_path, capsys):
+    from benchmarks.stability.__main__ import main
+    from nibble.simulator import load
+
+    out = tmp_path / "grid.json"
+    common = ["--checkpoint", str(warm_start), "--variants", "bf16", "--steps", "2", "--eval-every", "2"]
+    main([*common, "--seeds", "0", "--out", str(out)])
+    main([*common, "--seeds", "0", "1", "--append", "--out", str(out)])  # adds seed 1 only
+    assert capsys.readouterr().out.count("s/step gen") == 2
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["variant"], r["seed"]) for r in runs] == [("bf16", 0), ("bf16", 1)]
+    steps = [s for r in runs for s in r["steps"]]
+    calibration = load([out])
+    assert calibration.rollout_seconds["bf16"] == pytest.approx(sum(s["generate_seconds"] for s in steps) / 4)
+    assert calibration.train_seconds["bf16"] == pytest.approx(sum(s["train_seconds"] for s in steps) / 4)
