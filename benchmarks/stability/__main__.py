@@ -85,7 +85,9 @@ def main(argv: list[str] | None = None) -> None:
             f"[{finished}/{total}] {time.time() - started:7.0f}s {run['variant']:16s} seed {run['seed']} "
             f"{run['device']} {run['wall_seconds']:5.0f}s spikes {len(stability_events.spike_steps(norms))} "
             f"acc {run['warm_start_accuracy']:.3f}->{accs[-1]:.3f} "
-            f"reward(last10) {fmean(s['reward'] for s in run['steps'][-10:]):.3f}",
+            f"reward(last10) {fmean(s['reward'] for s in run['steps'][-10:]):.3f} "
+            f"s/step gen {fmean(s['generate_seconds'] for s in run['steps']):.2f} "
+            f"train {fmean(s['train_seconds'] for s in run['steps']):.2f}",
             flush=True,
         )
         record(done[len(earlier) :])  # after every run: a stopped grid keeps what it did

@@ -32,6 +32,9 @@ def results_document(runs: list[dict], setting: Setting, source: Source | Path, 
             f"{stability_events.SPIKE_MIN_HISTORY} of them); a non-finite norm is a spike",
             "collapse": f"held-out accuracy < warm start - {stability_events.COLLAPSE_DROP} at an evaluation, "
             f"with no evaluation back at or above it within {stability_events.COLLAPSE_PATIENCE} steps",
+            "step_seconds": "generate_seconds (the step's generation batches, weight swaps included), "
+            "train_seconds (assemble + train_on_batch), publish_seconds (publish and quantise the new version), "
+            "eval_seconds (held-out evaluation, null without one): wall-clock seconds, CUDA synchronised",
         },
         "variants": {name: VARIANTS[name] for name in dict.fromkeys(r["variant"] for r in runs)},
         "wall_seconds": wall,
@@ -57,7 +60,7 @@ def earlier_part(out: Path, document: dict) -> tuple[list[dict], list[dict]]:
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
         raise ValueError(f"{out}: not a stability results file ({type(exc).__name__}: {exc})") from None
     for key in ("checkpoint", "task", "quantize", "setting"):
-        mine, theirs = document[key], earlier.get(key)
+        mine, theirs = document[key], _with_legacy_defaults(key, earlier.get(key))
         if mine != theirs:
             if isinstance(mine, dict) and isinstance(theirs, dict):
                 field = next(k for k in sorted({*mine, *theirs}) if mine.get(k) != theirs.get(k))
@@ -65,6 +68,21 @@ def earlier_part(out: Path, document: dict) -> tuple[list[dict], list[dict]]:
             raise ValueError(f"{out}: its {key} is {theirs!r}, this grid's is {mine!r}")
     first = {key: earlier.get(key) for key in ("command", "machine", "wall_seconds")}  # a file of one part
     return runs, earlier.get("parts") or [{**first, "runs": [[r["variant"], r["seed"]] for r in runs]}]
+
+
+# Fields a results file written before they existed holds implicitly: every run then used them (the plan's
+# default scope, the trainer's default config). Step records gained STEP_SECONDS later too; they are not
+# part of the setting, so old and new runs share a grid.
+_LEGACY_DEFAULTS = {"quantize": "experts", "setting": {"trainer": {}}}
+
+
+def _with_legacy_defaults(key: str, value):
+    default = _LEGACY_DEFAULTS.get(key)
+    if value is None:
+        return default
+    if isinstance(default, dict) and isinstance(value, dict):
+        return {**default, **value}
+    return value
 
 
 def dumps(document: dict) -> str:

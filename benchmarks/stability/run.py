@@ -8,7 +8,8 @@ weight-sync would send it (``published_state`` → ``quantize_state`` → ``upda
 simulated: the last ``max_staleness + 1`` published versions are kept, and each generation batch of
 ``groups_per_batch`` groups is sampled with a version ``lag`` steps old, ``lag`` drawn uniformly from
 ``0..min(max_staleness, v)`` by a seeded generator (the same lags for every variant of a seed), so both
-the all-token and the staleness-0 mismatch are measured.
+the all-token and the staleness-0 mismatch are measured. Each step also records the wall-clock seconds
+of its phases (:data:`STEP_SECONDS`), which ``nibble simulate --calibrate`` reads as step times.
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ from nibble.tasks import Task
 from nibble.tasks.evaluation import accuracy
 from nibble.trainer.batch import assemble
 from nibble.trainer.step import train_on_batch
+
+# Wall-clock seconds of each phase of a step, recorded with every step: generating the step's batches
+# (weight swaps to older versions included), ``assemble`` + ``train_on_batch``, publishing and quantising
+# the new version, and the held-out evaluation (null on steps without one).
+STEP_SECONDS = ("generate_seconds", "train_seconds", "publish_seconds", "eval_seconds")
 
 
 class VersionedSampler:
@@ -108,17 +114,22 @@ def run_one(source: Source | Path, variant: str, seed: int, setting: Setting, de
         records = []
         for step in range(1, setting.steps + 1):
             version = step - 1  # the trainer publishes once per step
-            groups = []
+            groups, clock = [], _Clock(device)
             for b in range(setting.groups_per_step // setting.groups_per_batch):
                 lag = lags.randint(0, min(setting.max_staleness, version))
                 examples = [next(stream) for _ in range(setting.groups_per_batch)]
                 batch_seed = seed * 100_003 + step * 101 + b
                 groups += generate_groups(sampler, task, examples, version - lag, setting, batch_seed)
+            seconds = {"generate_seconds": clock.lap()}
             batch = assemble(groups, version)
             result = train_on_batch(model, optimizer, batch, config)
+            seconds["train_seconds"] = clock.lap()
             sampler.publish(version + 1, model)
+            seconds["publish_seconds"] = clock.lap()
             evaluated = step % setting.eval_every == 0 or step == setting.steps
-            records.append(_record(step, batch, result, evaluate(model, task) if evaluated else None))
+            accuracy_now = evaluate(model, task) if evaluated else None
+            seconds["eval_seconds"] = clock.lap() if evaluated else None
+            records.append(_record(step, batch, result, accuracy_now) | seconds)
     return {
         "variant": variant,
         "seed": seed,
@@ -129,8 +140,29 @@ def run_one(source: Source | Path, variant: str, seed: int, setting: Setting, de
     }
 
 
+class _Clock:
+    """Wall-clock seconds between laps; on CUDA each lap first waits for the device's queued work, so a
+    phase is charged for its own kernels, not the next phase's."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = torch.device(device).type == "cuda"
+        self.device = device
+        self.last = self._now()
+
+    def _now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def lap(self) -> float:
+        now = self._now()
+        seconds, self.last = now - self.last, now
+        return seconds
+
+
 def _record(step: int, batch, result, eval_accuracy: float | None) -> dict:
-    """One step's numbers (means over the batch's valid tokens unless named otherwise)."""
+    """One step's numbers (means over the batch's valid tokens unless named otherwise). The caller adds
+    the step's wall-clock seconds (:data:`STEP_SECONDS`)."""
     lengths = batch.mask.sum(dim=1).float()
     fresh = result.fresh or {}
     return {

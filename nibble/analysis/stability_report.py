@@ -35,6 +35,14 @@ _STEP_FIELDS = {
     "fresh_logprob_abs_diff": (True, float),
     "skipped_updates": (False, int),
 }
+# Fields of steps recorded since the grid times its steps (benchmarks/stability/run.py STEP_SECONDS):
+# checked where present, absent from older files.
+_TIMING_FIELDS = {
+    "generate_seconds": (False, float),
+    "train_seconds": (False, float),
+    "publish_seconds": (False, float),
+    "eval_seconds": (True, float),
+}
 
 
 @dataclass(frozen=True)
@@ -127,6 +135,8 @@ def load_results(path: Path) -> dict:
             raise ValueError(f"{path}: runs[{i}].steps is empty")
         for j, step in enumerate(run["steps"]):
             _check_fields(path, f"runs[{i}].steps[{j}]", step, _STEP_FIELDS)
+            timing = {name: kind for name, kind in _TIMING_FIELDS.items() if name in step}
+            _check_fields(path, f"runs[{i}].steps[{j}]", step, timing)
     return data
 
 

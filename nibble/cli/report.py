@@ -1,5 +1,5 @@
-"""``nibble report``: reports from recorded results; ``nibble report stability RESULTS.json --out DIR``,
-``nibble report run DIR``."""
+"""``nibble report``: reports from recorded results; ``nibble report stability RESULTS.json --out DIR
+[--simulate]``, ``nibble report run DIR``."""
 
 from __future__ import annotations
 
@@ -19,12 +19,23 @@ app.add_typer(report_app, name="report")
 def stability(
     results: Annotated[Path, typer.Argument(help="results JSON written by benchmarks/stability/")],
     out: Annotated[Path, typer.Option(help="directory for table.md and the PNG plots")] = Path("out/stability"),
+    simulate: Annotated[
+        bool, typer.Option("--simulate", help="also the simulator's prediction for each run (simulate.md)")
+    ] = False,
+    calibrate: Annotated[
+        list[Path] | None,
+        typer.Option(help="--simulate: mismatch files for the floors (as nibble simulate --calibrate; repeatable)"),
+    ] = None,
 ) -> None:
     """Spikes per 100 steps, collapses, final reward and accuracy, mean |Δlogprob| per variant (mean ± std
-    over seeds) as a table, and grad-norm / reward / accuracy plots with seeds overlaid."""
+    over seeds) as a table, and grad-norm / reward / accuracy plots with seeds overlaid. With --simulate,
+    the drift model driven by each run's plan and staleness beside the measured runs (simulate.md)."""
     from nibble.analysis.stability_report import COLUMNS, load_results, markdown_table, plot, table_cells, variant_rows
 
     data = load_results(results)  # validates before anything is written
+    if calibrate and not simulate:
+        raise ValueError("--calibrate is for --simulate")
+    comparison = _comparison(results, data, calibrate or []) if simulate else None
     _writable(out)
     rows = variant_rows(data)
     (out / "table.md").write_text(markdown_table(rows))
@@ -40,6 +51,43 @@ def stability(
     console = Console(width=180)
     console.print(table)
     console.print(f"table.md and {', '.join(p.name for p in written)} in {out}")
+    if comparison is not None:
+        _print_comparison(console, out, *comparison)
+
+
+def _comparison(results: Path, data: dict, calibrate: list[Path]):
+    """``(rows, calibration)``: the floors from ``calibrate`` (else the article's); the step times from
+    ``results`` when it holds them (they do not enter the drift model, but the sources are printed)."""
+    from nibble.analysis.stability_compare import compare
+    from nibble.simulator.calibrate import load, published
+    from nibble.simulator.stability_calibration import has_step_times
+
+    calibration = load(calibrate) if calibrate else published()
+    if has_step_times(data):
+        calibration = load([results], base=calibration)
+    try:
+        return compare(data, calibration), calibration
+    except ValueError as exc:
+        raise ValueError(f"{results}: {exc}") from None
+
+
+def _print_comparison(console, out: Path, rows, calibration) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from nibble.analysis.stability_compare import COLUMNS, markdown, table_cells
+
+    (out / "simulate.md").write_text(markdown(rows, calibration))
+    table = Table(title="the drift model (docs/design.md §7) driven by each run's plan and staleness, vs measured")
+    for column in COLUMNS:
+        table.add_column(column, justify="left" if column == "variant" else "right")
+    for cells in table_cells(rows):
+        table.add_row(*cells)
+    Console(width=240).print(table)
+    for name, value, source in calibration.rows():
+        if name.startswith("floors."):
+            console.print(f"  {name} = {value:.4g}  <- {source}")
+    console.print(f"simulate.md in {out}")
 
 
 @report_app.command("run")

@@ -123,7 +123,8 @@ def published() -> Calibration:
 def load(paths: list[Path], base: Calibration | None = None) -> Calibration:
     """``base`` (default :func:`published`) with numbers replaced from each path in turn.
 
-    A path is a mismatch file (any of the three shapes of :mod:`nibble.simulator.calibration_files`), or a run directory
+    A path is a mismatch file (any of the three shapes of :mod:`nibble.simulator.calibration_files`), a stability
+    grid's results file (step times only: :mod:`nibble.simulator.stability_calibration`), or a run directory
     holding ``summary.json`` (and optionally a ``mismatch.json`` beside it, read first). Measured floors
     are converted to table floors at the end, against the final BF16 floor, and clamped to it from below.
 

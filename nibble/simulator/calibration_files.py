@@ -16,6 +16,8 @@ Accepted (README.md "Calibration" documents them):
      "step_seconds": {"rollout": {"bf16": 109.4, ...}, "train": {"nvfp4_dequantized": 70.4, ...},
                       "weight_sync": 5.0}}
 
+- a stability grid's results file (``"benchmark": "stability"``): step times only, see
+  :mod:`nibble.simulator.stability_calibration` for what it can and cannot calibrate;
 - a *run directory* holding ``summary.json`` as ``nibble run`` writes it (``precision``, ``four_over_six``,
   ``logprob_abs_diff_mean``, ``fresh_logprob_abs_diff_mean``, ``config`` with ``config.plan`` and
   ``config.trainer.max_staleness``), and a ``mismatch.json`` beside it if present.
@@ -131,15 +133,21 @@ def _plan(path: Path, data: dict, prefix: str = "") -> dict[str, bool]:
 
 
 def read_mismatch(updates: Updates, path: Path) -> None:
-    """Put the numbers of a mismatch file (any of the three shapes above) into ``updates``.
+    """Put the numbers of a mismatch file (any of the three shapes above), or the step times of a
+    stability grid's results (``"benchmark": "stability"``: :mod:`nibble.simulator.stability_calibration`),
+    into ``updates``.
 
     Raises:
         ValueError: naming ``path`` and the field, for an unreadable file, invalid JSON, an unknown key, a
             value out of range, or a file holding no number to calibrate from.
     """
+    from nibble.simulator.stability_calibration import is_stability, read_stability
+
     updates.start()
     data = _read_json(path)
-    if isinstance(data, list):
+    if is_stability(data):
+        read_stability(updates, path, data)
+    elif isinstance(data, list):
         _apply_rows(updates, path, data, "rows", f"{path} [nibble mismatch --json]")
     elif isinstance(data, dict) and "rows" in data:
         _apply_benchmark(updates, path, data)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.stability import VARIANTS, Setting, dumps, results_document, run_grid
+from benchmarks.stability import VARIANTS, Setting, Source, dumps, results_document, run_grid
 from nibble.analysis.stability_report import load_results, variant_rows
 
 NIBBLE = str(Path(sys.executable).with_name("nibble"))
@@ -40,6 +40,10 @@ def test_miniature_grid_records_every_step_and_reports(warm_start, tmp_path):
         assert all(s["grad_norm"] >= 0 and 0 <= s["reward"] <= 1 and s["entropy"] > 0 for s in steps)
         assert steps[0]["staleness_mean"] == 0 and steps[0]["fresh_logprob_abs_diff"] is not None
         assert all(s["staleness_mean"] <= TINY.max_staleness for s in steps)
+        for s in steps:  # every phase timed; the evaluation only where there was one
+            assert all(s[name] > 0 for name in ("generate_seconds", "train_seconds", "publish_seconds"))
+            assert (s["eval_seconds"] is None) == (s["eval_accuracy"] is None)
+            assert s["eval_seconds"] is None or s["eval_seconds"] > 0
     # the same seed draws the same prompts and staleness lags for every variant
     assert [s["staleness_mean"] for s in runs[0]["steps"]] == [s["staleness_mean"] for s in runs[1]["steps"]]
     bf16 = [s for r in runs if r["variant"] == "bf16" for s in r["steps"] if s["fresh_logprob_abs_diff"] is not None]
@@ -122,3 +126,41 @@ def test_settings_that_cannot_run_as_recorded_are_refused():
         Setting(groups_per_step=4, groups_per_batch=3)
     with pytest.raises(ValueError, match="eval_every=0 must be"):
         Setting(eval_every=0)
+
+
+def test_the_cpu_grid_recorded_before_plan_scope_trainer_and_step_times_still_takes_parts(tmp_path):
+    from benchmarks.stability.results import ROOT, earlier_part
+
+    old = json.loads((ROOT / "benchmarks" / "results" / "stability.json").read_text())
+    assert "quantize" not in old and "trainer" not in old["setting"]  # written before those fields existed
+    assert "generate_seconds" not in old["runs"][0]["steps"][0]
+    setting = Setting(**old["setting"])
+    source = ROOT / "runs" / "warm_start"
+    runs, parts = earlier_part(ROOT / "benchmarks" / "results" / "stability.json",
+                               results_document([], setting, source, "part 2", 0.0))  # fmt: skip
+    assert len(runs) == 50 and parts[0]["command"] == old["command"]
+    copied = tmp_path / "stability.json"
+    copied.write_text(json.dumps(old))
+    others = (Setting(**{**old["setting"], "steps": 150}), Setting(**old["setting"], trainer={"correction": "mis"}))
+    for other in others:
+        with pytest.raises(ValueError, match=r"stability\.json: its setting\.(steps|trainer) is"):
+            earlier_part(copied, results_document([], other, source, "part 2", 0.0))
+    with pytest.raises(ValueError, match=r"its quantize is 'experts', this grid's is 'all_linear'"):
+        earlier_part(copied, results_document([], setting, Source(source, quantize="all_linear"), "part 2", 0.0))
+
+
+def test_the_command_records_step_times_that_calibrate_the_simulator(warm_start, tmp_path, capsys):
+    from benchmarks.stability.__main__ import main
+    from nibble.simulator import load
+
+    out = tmp_path / "grid.json"
+    common = ["--checkpoint", str(warm_start), "--variants", "bf16", "--steps", "2", "--eval-every", "2"]
+    main([*common, "--seeds", "0", "--out", str(out)])
+    main([*common, "--seeds", "0", "1", "--append", "--out", str(out)])  # adds seed 1 only
+    assert capsys.readouterr().out.count("s/step gen") == 2
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["variant"], r["seed"]) for r in runs] == [("bf16", 0), ("bf16", 1)]
+    steps = [s for r in runs for s in r["steps"]]
+    calibration = load([out])
+    assert calibration.rollout_seconds["bf16"] == pytest.approx(sum(s["generate_seconds"] for s in steps) / 4)
+    assert calibration.train_seconds["bf16"] == pytest.approx(sum(s["train_seconds"] for s in steps) / 4)

@@ -76,6 +76,12 @@ def test_writes_the_table_and_three_plots(tmp_path):
             '{"runs": [{"variant": "a", "seed": "zero", "warm_start_accuracy": 0.2, "steps": []}]}',
             "runs[0].seed = 'zero': expected an integer",
         ),
+        (
+            '{"runs": [{"variant": "a", "seed": 0, "warm_start_accuracy": 0.2, "steps": [{"step": 1, "grad_norm": 1, '
+            '"reward": 0, "eval_accuracy": null, "logprob_abs_diff": 0, "fresh_logprob_abs_diff": null, '
+            '"skipped_updates": 0, "generate_seconds": "slow"}]}]}',
+            "runs[0].steps[0].generate_seconds = 'slow': expected a number",
+        ),
     ],
 )
 def test_bad_input_exits_2_naming_the_file_and_field_without_a_traceback(tmp_path, content, message):
@@ -94,3 +100,24 @@ def test_an_out_that_is_a_file_is_refused(tmp_path):
     blocker.write_text("")
     result = run(str(results(tmp_path)), "--out", str(blocker))
     assert result.returncode == 2 and "--out" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_simulate_sets_the_model_beside_the_cpu_grid(tmp_path):
+    grid = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "stability.json"
+    out = tmp_path / "report"
+    result = run(str(grid), "--out", str(out), "--simulate")
+    assert result.returncode == 0, result.stderr
+    table = (out / "simulate.md").read_text().splitlines()
+    assert table[0].startswith("| variant | seeds | spikes/100: model (law) | measured | collapses: model |")
+    assert len([line for line in table if line.startswith("| ") and not line.startswith("| variant")]) == 10
+    assert "floors.nvfp4 = 0.0328  <- published" in result.stdout  # a file without step times: the article's
+
+
+def test_simulate_refuses_a_file_it_cannot_map_and_calibrate_alone(tmp_path):
+    path = results(tmp_path)  # no 'variants', no staleness
+    result = run(str(path), "--out", str(tmp_path / "out"), "--simulate")
+    assert result.returncode == 2
+    assert f"{path}: runs[0]: variant 'calm' is not in the file's 'variants'" in result.stderr
+    result = run(str(path), "--out", str(tmp_path / "out"), "--calibrate", str(path))
+    assert result.returncode == 2 and "--calibrate is for --simulate" in result.stderr
+    assert not (tmp_path / "out").exists()

@@ -128,3 +128,24 @@ def test_calibrated_floors_below_bf16_s_are_clamped_not_a_crash(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "clamped from 0.01 to floors.bf16 = 0.5" in result.stdout
     assert "no configuration is stable on every seed" in result.stdout
+
+
+def test_calibrate_takes_step_times_from_a_stability_grid(tmp_path):
+    grid = {
+        "benchmark": "stability", "machine": {"gpu": "NVIDIA H200"},
+        "variants": {"bf16": {"format": "bf16"}, "nvfp4_naive": {
+            "format": "nvfp4", "activation_scale": "per_tensor", "four_over_six": None, "backward": "high_precision",
+            "bf16_last_fraction": 0.0, "bf16_shared_experts": False}},
+        "runs": [{"variant": v, "seed": 0, "steps": [
+            {"step": 1, "generate_seconds": g, "train_seconds": 0.5, "publish_seconds": 0.1, "eval_seconds": None}]}
+            for v, g in (("bf16", 2.0), ("nvfp4_naive", 1.5))],
+    }  # fmt: skip
+    path = tmp_path / "stability.json"
+    path.write_text(json.dumps(grid))
+    result = run("--steps", "20", "--out", str(tmp_path / "out"), "--calibrate", str(path), "--json")
+    assert result.returncode == 0, result.stderr
+    calibration = json.loads(result.stdout)["calibration"]
+    assert calibration["rollout_seconds"]["bf16"] == 2.0 and calibration["rollout_seconds"]["nvfp4"] == 1.5
+    assert calibration["train_seconds"]["nvfp4_high_precision"] == 0.5 and calibration["weight_sync_seconds"] == 0.1
+    assert "stability grid on NVIDIA H200" in calibration["sources"]["rollout.nvfp4"]
+    assert calibration["floors"]["nvfp4"] == 0.0328  # never from a stability file

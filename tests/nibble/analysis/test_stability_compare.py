@@ -1,0 +1,122 @@
+"""The drift model driven by a stability grid's runs (``nibble report stability --simulate``): the plan
+mapping, the predictions against closed forms, the staleness fit, and the CPU grid's file."""
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from nibble.analysis.stability_compare import PLAN_DEFAULTS, compare, fit_staleness, markdown, sim_config
+from nibble.analysis.stability_report import load_results, variant_rows
+from nibble.simulator import drift_model, published
+
+REPO = Path(__file__).resolve().parents[3]
+CPU_GRID = REPO / "benchmarks" / "results" / "stability.json"
+
+
+def variants() -> dict:
+    from benchmarks.stability.variants import VARIANTS
+
+    return copy.deepcopy(VARIANTS)
+
+
+def test_plan_defaults_are_the_precision_plan_s():
+    from nibble.recipe import PrecisionPlan
+
+    plan = PrecisionPlan(num_layers=4)
+    assert {k: getattr(plan, k) for k in PLAN_DEFAULTS} == PLAN_DEFAULTS
+
+
+def test_each_variant_maps_to_the_model_s_knobs():
+    configs = {name: sim_config(name, knobs) for name, knobs in variants().items()}
+    naive = configs["nvfp4_naive"]
+    assert naive.precision == "nvfp4" and not naive.four_over_six and not naive.dequantized_backward
+    assert not naive.bf16_last_15 and not naive.bf16_shared_experts
+    assert configs["nvfp4_4o6_deq"].four_over_six and configs["nvfp4_4o6_deq"].dequantized_backward
+    recipe = configs["recipe"]
+    assert recipe.four_over_six and recipe.dequantized_backward and recipe.bf16_last_15 and recipe.bf16_shared_experts
+    # the model has no activation-scale knob: per-token and per-tensor map to the same configuration
+    assert configs["nvfp4_token"] == naive and configs["nvfp4_token_deq"] == configs["nvfp4_deq"]
+    assert configs["mxfp8"].precision == "mxfp8" and configs["bf16"].precision == "bf16"
+    with pytest.raises(ValueError, match=r"variant 'odd': bf16_last_fraction 0\.3; the model knows only 0 and 0\.15"):
+        sim_config("odd", {"format": "nvfp4", "bf16_last_fraction": 0.3})
+    with pytest.raises(ValueError, match="variant 'odd': format 'int4'"):
+        sim_config("odd", {"format": "int4"})
+
+
+def synthetic(staleness: dict[str, float], steps: int = 60, spike_at: int | None = None) -> dict:
+    """One run per variant with constant staleness; ``logprob_abs_diff = 0.02 + 0.03·s^1.5`` exactly;
+    the naive variant's grad norm spikes at ``spike_at``."""
+    runs = []
+    for variant, s in staleness.items():
+        records = []
+        for i in range(1, steps + 1):
+            gap = s if i > 1 else 0.0
+            records.append({
+                "step": i, "grad_norm": 100.0 if (variant == "nvfp4_naive" and i == spike_at) else 1.0,
+                "reward": 0.3, "eval_accuracy": 0.3 if i % 10 == 0 else None,
+                "logprob_abs_diff": 0.02 + 0.03 * gap**1.5, "fresh_logprob_abs_diff": 0.02 if gap == 0 else None,
+                "skipped_updates": 0, "staleness_mean": gap,
+            })  # fmt: skip
+        runs.append({"variant": variant, "seed": 3, "warm_start_accuracy": 0.3, "steps": records})
+    return {"benchmark": "stability", "variants": variants(), "runs": runs}
+
+
+def test_predictions_follow_the_model_and_measurements_the_runs():
+    data = synthetic({"bf16": 0.0, "nvfp4_naive": 0.5, "recipe": 4.0}, spike_at=30)
+    rows = {r.variant: r for r in compare(data, published())}
+    for name, s in (("bf16", 0.0), ("nvfp4_naive", 0.5), ("recipe", 4.0)):
+        config = sim_config(name, data["variants"][name])
+        f = drift_model.precision_floor(
+            config.precision, four_over_six=config.four_over_six, bf16_last_15=config.bf16_last_15,
+            bf16_shared_experts=config.bf16_shared_experts,
+        )  # fmt: skip
+        row = rows[name]
+        assert row.floor == pytest.approx(f) and row.predicted_fresh_mismatch == pytest.approx(0.5 * f)
+        m = [0.5 * f] + [0.011 * s**1.5 + 0.5 * f] * 59
+        assert row.predicted_mismatch.mean == pytest.approx(sum(m) / 60)
+        assert row.measured_mismatch.mean == pytest.approx((0.02 + 59 * (0.02 + 0.03 * s**1.5)) / 60)
+        assert row.fit is None if s == 0 else row.fit.coefficient == pytest.approx(0.03)
+    # m = 0.011·8 + 0.5·f at staleness 4 is past the critical 0.044: the model collapses the recipe; the runs do not
+    assert rows["recipe"].predicted_collapses == 1 and rows["recipe"].measured_collapses == 0
+    assert rows["bf16"].predicted_collapses == 0
+    # the law: naive NVFP4 spikes with p = 0.08; one measured grad-norm spike in 55 judged steps
+    assert rows["nvfp4_naive"].law_spikes_per_100 == pytest.approx(8.0)
+    assert rows["nvfp4_naive"].predicted_spikes_per_100.mean > 0
+    assert rows["nvfp4_naive"].measured_spikes_per_100.mean == pytest.approx(100 / 55)
+    assert rows["bf16"].law_spikes_per_100 == 0 and rows["bf16"].predicted_spikes_per_100.mean == 0
+    text = markdown(list(rows.values()), published())
+    assert text.startswith("| variant |") and text.count("\n| ") == 3 and "published: The 4-Bitter Lesson" in text
+
+
+def test_the_fit_recovers_a_known_law_and_needs_two_staleness_values():
+    runs = [{"steps": [{"staleness_mean": s, "logprob_abs_diff": 0.01 + 0.02 * s**1.5} for s in (0, 1, 2.5, 4)]}]
+    fit = fit_staleness(runs)
+    assert (fit.intercept, fit.coefficient) == (pytest.approx(0.01), pytest.approx(0.02))
+    assert fit.points == 4 and fit.s_range == (0, 4)
+    assert fit_staleness([{"steps": [{"staleness_mean": 1.0, "logprob_abs_diff": 0.1}] * 3}]) is None
+
+
+def test_bad_runs_are_named():
+    data = synthetic({"bf16": 1.0})
+    data["runs"][0]["steps"][4]["staleness_mean"] = None
+    with pytest.raises(ValueError, match=r"runs\[0\]\.steps\[4\]\.staleness_mean = None"):
+        compare(data, published())
+    data = synthetic({"bf16": 1.0})
+    data["variants"].pop("bf16")
+    with pytest.raises(ValueError, match=r"runs\[0\]: variant 'bf16' is not in the file's 'variants'"):
+        compare(data, published())
+
+
+def test_the_cpu_grid_compares_every_variant_and_agrees_with_the_report():
+    data = load_results(CPU_GRID)
+    rows = compare(data, published())
+    report = variant_rows(data)
+    assert [r.variant for r in rows] == [r.variant for r in report] and len(rows) == 10
+    for mine, theirs in zip(rows, report, strict=True):
+        assert mine.seeds == theirs.seeds == 5 and mine.measured_collapses == theirs.collapses
+        assert mine.measured_spikes_per_100 == theirs.spikes_per_100
+        assert math.isfinite(mine.predicted_mismatch.mean) and 0 <= mine.fit.s_range[0] <= mine.fit.s_range[1] <= 4
+    assert json.loads(CPU_GRID.read_text())["setting"]["max_staleness"] == 4
