@@ -8,8 +8,9 @@ device tensors updated in place, and attention reads all ``S`` positions with th
 Numerics: a masked key adds an exact zero to the softmax and to ``P @ V``, and attention is row-invariant
 (:func:`nibble.recipe.compute.attention`: float64 on the CPU; on CUDA a kernel whose key blocks start at
 each sequence's first real key, so that a fully masked block is an exact no-op), so attending over ``S``
-keys instead of ``n`` leaves every row's result as it is; the packed NVFP4 GEMM is row-invariant too. The trainer's teacher-forced scoring therefore
-reproduces what this decoder samples, bit for bit (on the H200: ``benchmarks/gpu_main_job.py``).
+keys instead of ``n`` leaves every row's result as it is; the packed NVFP4 GEMM is row-invariant too. The
+trainer's teacher-forced scoring therefore reproduces what this decoder samples, bit for bit (on the H200:
+``benchmarks/gpu_main_job.py``).
 """
 
 from __future__ import annotations
