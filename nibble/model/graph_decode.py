@@ -5,10 +5,12 @@ has new shapes and the model's input checks read values back to the host: neithe
 the batch ``B`` and cache length ``S`` are fixed, the write position, RoPE positions and key mask live in
 device tensors updated in place, and attention reads all ``S`` positions with the unwritten ones masked.
 
-Numerics: a masked key adds an exact zero to the softmax and to ``P @ V``, and attention accumulates in
-float64 (:mod:`nibble.recipe.compute`), so attending over ``S`` keys instead of ``n`` leaves every row's
-result as it is; the packed NVFP4 GEMM is row-invariant too. The trainer's teacher-forced scoring therefore
-reproduces what this decoder samples, bit for bit (on the H200: ``benchmarks/gpu_main_job.py``).
+Numerics: a masked key adds an exact zero to the softmax and to ``P @ V``, and attention is row-invariant
+(:func:`nibble.recipe.compute.attention`: float64 on the CPU; on CUDA a kernel whose key blocks start at
+each sequence's first real key, so that a fully masked block is an exact no-op), so attending over ``S``
+keys instead of ``n`` leaves every row's result as it is; the packed NVFP4 GEMM is row-invariant too. The
+trainer's teacher-forced scoring therefore reproduces what this decoder samples, bit for bit (on the H200:
+``benchmarks/gpu_main_job.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from nibble.model.generate import Generation, check_arguments, left_pad, prefill, sample_responses
 from nibble.model.kv_cache import KVCache, StaticKVCache
 from nibble.model.transformer import MoETransformer
+from nibble.recipe.compute import AttentionMask
 
 
 class GraphDecoder:
@@ -60,7 +63,6 @@ class GraphDecoder:
         self.running = torch.ones(batch, dtype=torch.bool, device=device)
         self.positions = torch.zeros(batch, dtype=torch.long, device=device)
         self.logits = torch.zeros(batch, model.config.vocab_size, dtype=torch.float32, device=device)
-        self.key_positions = torch.arange(max_len, device=device)
         self.length = 0  # the host's copy of static.index: filled positions, kept without reading the device
         self.graph = self._capture() if graph else None
 
@@ -153,14 +155,13 @@ class GraphDecoder:
     def _step(self) -> None:
         """The captured step: reads ``token``, ``running``, ``positions`` and the write index; writes the
         cache and ``logits``; advances ``positions`` and the index. Masks as ``MoETransformer._attention_mask``
-        does for one new token: real keys written so far, and a padding query sees only its own key."""
+        does for one new token: real keys up to the write index (later slots are not written yet), and a
+        padding query sees only its own key."""
         self.static.reserve(self.running)
-        written = self.key_positions <= self.static.index
-        own = (self.key_positions == self.static.index) & ~self.running.unsqueeze(1)
-        mask = (self.cache.key_mask & written) | own
-        logits = self.model.forward_masked(
-            self.token.unsqueeze(1), self.positions.unsqueeze(1), mask[:, None, None, :], self.static
+        mask = AttentionMask(
+            key_mask=self.cache.key_mask, query_valid=self.running.unsqueeze(1), query_offset=self.static.index
         )
+        logits = self.model.forward_masked(self.token.unsqueeze(1), self.positions.unsqueeze(1), mask, self.static)
         self.logits.copy_(logits[:, -1])
         self.positions += 1
         self.static.advance()

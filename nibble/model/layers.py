@@ -8,7 +8,7 @@ from torch import nn
 
 from nibble.model.config import ModelConfig
 from nibble.model.kv_cache import KVCache
-from nibble.recipe.compute import attention, linear, rms_normalize, softmax
+from nibble.recipe.compute import AttentionMask, attention, linear, rms_normalize, softmax
 from nibble.recipe.modules import PlannedExperts, PlannedLinear, bf16_operand
 from nibble.recipe.plan import PrecisionPlan
 from nibble.recipe.quant import quantize_weights_together
@@ -55,7 +55,7 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(hd, config.rms_norm_eps, plan)
             self.k_norm = RMSNorm(hd, config.rms_norm_eps, plan)
 
-    def forward(self, x, cos, sin, mask, cache: KVCache | None, layer: int) -> torch.Tensor:
+    def forward(self, x, cos, sin, mask: AttentionMask, cache: KVCache | None, layer: int) -> torch.Tensor:
         b, t, _ = x.shape
         hd = self.config.head_dim
         q = self.q_proj(x).view(b, t, -1, hd)
@@ -68,9 +68,7 @@ class Attention(nn.Module):
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         if cache is not None:
             k, v = cache.update(layer, k, v)
-        groups = self.config.num_attention_heads // self.config.num_key_value_heads
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        out = attention(q, k, v, mask)
+        out = attention(q, k, v, mask)  # grouped-query: k, v keep their kv heads
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -171,6 +169,6 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, plan)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, plan)
 
-    def forward(self, x, cos, sin, mask, cache: KVCache | None) -> torch.Tensor:
+    def forward(self, x, cos, sin, mask: AttentionMask, cache: KVCache | None) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, self.index)
         return x + self.mlp(self.post_attention_layernorm(x))

@@ -10,6 +10,7 @@ from nibble.model.config import ModelConfig
 from nibble.model.kv_cache import KVCache, StaticKVCache
 from nibble.model.layers import MLP, DecoderLayer, RMSNorm
 from nibble.model.rope import frequencies, rotary
+from nibble.recipe.compute import AttentionMask
 from nibble.recipe.modules import PlannedExperts, PlannedLinear, bf16_operand
 from nibble.recipe.plan import PrecisionPlan
 
@@ -81,7 +82,7 @@ class MoETransformer(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        mask: torch.Tensor,
+        mask: AttentionMask,
         kv_cache: KVCache | StaticKVCache | None = None,
     ) -> torch.Tensor:
         """:meth:`forward` from a ready attention mask, without its input checks (they read values back to
@@ -90,8 +91,8 @@ class MoETransformer(nn.Module):
         Args:
             input_ids: int64 ``[B, T]``, assumed inside the vocab.
             positions: int64 ``[B, T]`` RoPE positions, assumed below ``max_position_embeddings``.
-            mask: bool ``[B, 1, T, S]``, True where a query attends to a key; ``S`` is the number of keys
-                the cache's ``update`` returns (``T`` without a cache).
+            mask: which keys each query attends to, over the ``S`` keys the cache's ``update`` returns
+                (``T`` without a cache).
             kv_cache: written at this chunk's positions; not advanced.
         Returns:
             float32 ``[B, T, vocab_size]``.
@@ -119,24 +120,16 @@ class MoETransformer(nn.Module):
             )
 
     @staticmethod
-    def _attention_mask(valid: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-        """Bool ``[B, 1, T, S]``: causal over all cached + new keys, pads never attended to."""
-        t = valid.shape[1]
+    def _attention_mask(valid: torch.Tensor, cache: KVCache | None) -> AttentionMask:
+        """Causal over all cached + new keys, pads never attended to (a padding query sees itself)."""
+        offset = 0 if cache is None else cache.length
         if cache is None:
             keys = valid
-            offset = 0
         else:
             cache.reserve(valid)
-            keys = cache.key_mask[:, : cache.length + t]
-            offset = cache.length
-        s = keys.shape[1]
-        query_pos = torch.arange(offset, offset + t, device=valid.device).unsqueeze(1)
-        causal = torch.arange(s, device=valid.device).unsqueeze(0) <= query_pos
-        mask = causal.unsqueeze(0) & keys.unsqueeze(1)
-        # A padding query would attend to nothing (NaN softmax): let it see itself; its output is unused.
-        diag = torch.zeros(t, s, dtype=torch.bool, device=valid.device)
-        diag[torch.arange(t), torch.arange(offset, offset + t)] = True
-        return (mask | (diag.unsqueeze(0) & ~valid.unsqueeze(-1))).unsqueeze(1)
+            keys = cache.key_mask[:, : cache.length + valid.shape[1]]
+        query_offset = torch.full((1,), offset, dtype=torch.long, device=valid.device)
+        return AttentionMask(key_mask=keys, query_valid=valid, query_offset=query_offset)
 
     def pack(self) -> MoETransformer:
         """Convert to the sampler's form in place (packed quantised weights, bf16 elsewhere, no grads)."""

@@ -14,10 +14,16 @@ on GPUs, float64 here elsewhere.
 On CUDA with bfloat16 operands (bf16 compute) :func:`linear` instead runs the row-invariant Triton GEMM
 (:mod:`nibble.kernels.gpu.dense_gemm`: float32 accumulation in an order fixed by N and K alone, whatever
 the number of rows), which spares the float64 GEMMs and the float64 copies of the weights (the LM head's
-included) on every call. Attention stays in float64.
+included) on every call. Likewise :func:`attention` on CUDA in bfloat16 or float32 runs the row-invariant
+Triton attention (:mod:`nibble.kernels.gpu.attention`: float32 online softmax over key blocks that start at
+each sequence's first real key, so padding and the key buffer's length leave a row's bits alone), and
+float64 elsewhere.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -108,10 +114,108 @@ class DenseLinear(torch.autograd.Function):
         return grad_x, grad_w, grad_b
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Scaled dot-product attention ``[B, H, T, D]`` with a bool mask ``[B, 1, T, S]``, in float64, returned
-    in ``q``'s dtype."""
-    return F.scaled_dot_product_attention(q.to(WIDE), k.to(WIDE), v.to(WIDE), attn_mask=mask).to(q.dtype)
+@dataclass(frozen=True)
+class AttentionMask:
+    """Which keys each query attends to, in the form every caller has: causal over a key buffer whose real
+    keys ``key_mask`` marks (left-padded prompts, a static cache's unwritten slots and stopped rows are not
+    real).
+
+    Query ``t`` sits at key index ``query_offset + t`` and attends to the real keys up to it. A padding
+    query (``query_valid`` False) also attends to its own key, so that its softmax is defined even before
+    the first real key; its output is never used (the kernel path gives it what
+    :func:`nibble.kernels.gpu.attention.attention` says: its own key is not real, so it is left out).
+
+    Fields:
+        key_mask: bool ``[B, S]``, True on real keys.
+        query_valid: bool ``[B, T]``, False on padding queries.
+        query_offset: int64 ``[1]`` on the keys' device: a tensor, so a captured CUDA graph can advance it.
+    """
+
+    key_mask: torch.Tensor
+    query_valid: torch.Tensor
+    query_offset: torch.Tensor
+
+    @cached_property
+    def dense(self) -> torch.Tensor:
+        """bool ``[B, 1, T, S]``, True where a query attends to a key."""
+        t, s = self.query_valid.shape[1], self.key_mask.shape[1]
+        query_pos = self.query_offset + torch.arange(t, device=self.key_mask.device)
+        keys = torch.arange(s, device=self.key_mask.device)
+        causal = keys[None, :] <= query_pos[:, None]
+        own = (keys[None, :] == query_pos[:, None]) & ~self.query_valid[:, :, None]
+        return ((causal[None] & self.key_mask[:, None, :]) | own).unsqueeze(1)
+
+    @cached_property
+    def key_start(self) -> torch.Tensor:
+        """int64 ``[B]``: each sequence's first real key (``S`` when it has none), counted on the device."""
+        return (self.key_mask.cumsum(-1) == 0).sum(-1)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
+    """Scaled dot-product attention of ``q [B, H, T, D]`` over ``k, v [B, KVH, S, D]`` (``H`` a multiple of
+    ``KVH``: query head ``h`` reads key/value head ``h // (H // KVH)``), each row's bits independent of the
+    batch, its padding and ``S``; returned ``[B, H, T, D]`` in ``q``'s dtype.
+
+    On CUDA in bfloat16 or float32 (:func:`runs_attention_kernel`): the row-invariant Triton kernel, through
+    :class:`KernelAttention` when a gradient is wanted. Elsewhere (the CPU; float16 or float64; a head_dim
+    beyond the kernel's 256; no triton) in float64 over ``mask.dense``, rounded once: its width, not its
+    order, makes it row-invariant.
+    """
+    if runs_attention_kernel(q, k, v):
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            return KernelAttention.apply(q, k, v, mask)
+        return _kernel_attention(q, k, v, mask)
+    k, v = _repeat_kv(k, v, q.shape[1])
+    return F.scaled_dot_product_attention(q.to(WIDE), k.to(WIDE), v.to(WIDE), attn_mask=mask.dense).to(q.dtype)
+
+
+def runs_attention_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether :func:`attention` of these operands runs the Triton kernel: all on CUDA, all bfloat16 or all
+    float32, head_dim at most 256, and triton installed."""
+    return (
+        all(t.is_cuda and t.dtype == q.dtype for t in (q, k, v))
+        and q.dtype in (torch.bfloat16, torch.float32)
+        and q.shape[-1] <= 256
+        and backend.triton_available()
+    )
+
+
+def _repeat_kv(k: torch.Tensor, v: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    groups = heads // k.shape[1]
+    return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+
+
+def _kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
+    from nibble.kernels.gpu import attention as kernel  # imports triton: only where the kernel runs
+
+    return kernel.attention(q, k, v, mask.key_mask, mask.key_start, mask.query_offset)
+
+
+class KernelAttention(torch.autograd.Function):
+    """Attention whose forward is the row-invariant kernel (:func:`_kernel_attention`) and whose backward
+    recomputes ``softmax(q kᵀ / sqrt(D)) v`` in float32 through differentiable torch ops over
+    ``mask.dense`` (gradients need no row invariance), each gradient rounded once to its input's dtype.
+
+    The two agree on every real query row; a padding query row, whose output is never used and so gets a
+    zero upstream gradient, follows ``mask.dense`` here.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask):
+        ctx.save_for_backward(q, k, v)
+        ctx.mask = mask
+        return _kernel_attention(q, k, v, mask)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        q, k, v = ctx.saved_tensors
+        with torch.enable_grad():
+            q32, k32, v32 = (t.detach().to(torch.float32).requires_grad_(True) for t in (q, k, v))
+            k_all, v_all = _repeat_kv(k32, v32, q.shape[1])
+            out = F.scaled_dot_product_attention(q32, k_all, v_all, attn_mask=ctx.mask.dense)
+            grads = torch.autograd.grad(out, (q32, k32, v32), dy.to(torch.float32))
+        return *(g.to(t.dtype) for g, t in zip(grads, (q, k, v), strict=True)), None
 
 
 def log_softmax(logits: torch.Tensor) -> torch.Tensor:

@@ -131,11 +131,9 @@ def test_cuda_graph_replay_equals_the_eager_step(fmt):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["nvfp4", "bf16"])
-def test_on_cuda_graph_decode_samples_almost_what_generate_samples(fmt):
+def test_on_cuda_graph_decode_samples_what_generate_samples_bit_for_bit(fmt):
     dynamic, static = sample_both(gpu_model(fmt), 16)
-    same = sum(a == b for a, b in zip(static.tokens, dynamic.tokens, strict=True))
-    print(f"cuda {fmt}: {same}/{len(PROMPTS)} responses identical between graph decode and generate()")
-    # bf16 attention over 16 cache positions instead of the filled ones can round differently, and a
-    # sampled token that flips changes the rest of its row; the first tokens come from the same prefill.
-    assert [t[0] for t in static.tokens] == [t[0] for t in dynamic.tokens]
-    assert same >= len(PROMPTS) // 2
+    # bf16 attention runs the row-invariant kernel, whose key blocks start at each row's first real key:
+    # the static cache's 16 positions (unwritten ones masked) give the filled positions' bits
+    assert static.tokens == dynamic.tokens
+    assert static.logprobs == dynamic.logprobs
