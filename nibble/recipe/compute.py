@@ -14,7 +14,7 @@ on GPUs, float64 here elsewhere.
 On CUDA with bfloat16 operands (bf16 compute) :func:`linear` instead runs the row-invariant Triton GEMM
 (:mod:`nibble.kernels.gpu.dense_gemm`: float32 accumulation in an order fixed by N and K alone, whatever
 the number of rows), which spares the float64 GEMMs and the float64 copies of the weights (the LM head's
-included) on every call. Likewise :func:`attention` on CUDA in bfloat16 or float32 runs the row-invariant
+included) on every call. Likewise :func:`attention` on CUDA in bfloat16 runs the row-invariant
 Triton attention (:mod:`nibble.kernels.gpu.attention`: float32 online softmax over key blocks that start at
 each sequence's first real key, so padding and the key buffer's length leave a row's bits alone), and
 float64 elsewhere.
@@ -156,7 +156,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Attention
     ``KVH``: query head ``h`` reads key/value head ``h // (H // KVH)``), each row's bits independent of the
     batch, its padding and ``S``; returned ``[B, H, T, D]`` in ``q``'s dtype.
 
-    On CUDA in bfloat16 or float32 (:func:`runs_attention_kernel`): the row-invariant Triton kernel, through
+    On CUDA in bfloat16 (:func:`runs_attention_kernel`): the row-invariant Triton kernel, through
     :class:`KernelAttention` when a gradient is wanted. Elsewhere (the CPU; float16 or float64; a head_dim
     beyond the kernel's 256; no triton) in float64 over ``mask.dense``, rounded once: its width, not its
     order, makes it row-invariant.
@@ -170,11 +170,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Attention
 
 
 def runs_attention_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether :func:`attention` of these operands runs the Triton kernel: all on CUDA, all bfloat16 or all
-    float32, head_dim at most 256, and triton installed."""
+    """Whether :func:`attention` of these operands runs the Triton kernel: all on CUDA, all bfloat16 (the GPU
+    compute dtype), head_dim at most 256, and triton installed. float32 compute keeps the float64 path on
+    CUDA too, as :func:`linear` does, so that a float32 model gives the CPU's bits on a GPU (the kernel's
+    float32 rounding differs from float64's by ~1e-7, enough to move an NVFP4 activation code)."""
     return (
-        all(t.is_cuda and t.dtype == q.dtype for t in (q, k, v))
-        and q.dtype in (torch.bfloat16, torch.float32)
+        all(t.is_cuda and t.dtype == torch.bfloat16 for t in (q, k, v))
         and q.shape[-1] <= 256
         and backend.triton_available()
     )
