@@ -46,9 +46,12 @@ STEP_SECONDS = ("generate_seconds", "train_seconds", "publish_seconds", "eval_se
 class VersionedSampler:
     """The sampler side: a packed engine plus weight-sync's form of the last ``keep`` versions."""
 
-    def __init__(self, trainer_model, plan: PrecisionPlan, pad_id: int, keep: int):
+    def __init__(self, trainer_model, plan: PrecisionPlan, pad_id: int, keep: int, batch_rows: int):
         self.plan = plan
-        self.engine = BuiltinEngine(copy.deepcopy(trainer_model).pack(), pad_id=pad_id, policy_version=0)
+        # batch_rows: on CUDA the sampler service's CUDA-graph decoder (the CPU ignores it), as in production
+        self.engine = BuiltinEngine(
+            copy.deepcopy(trainer_model).pack(), pad_id=pad_id, policy_version=0, batch_rows=batch_rows
+        )
         self.states: deque[tuple[int, dict]] = deque(maxlen=keep)
         self.publish(0, trainer_model)
 
@@ -107,7 +110,13 @@ def run_one(source: Source | Path, variant: str, seed: int, setting: Setting, de
     with source.make_task(setting.eval_size) as task:
         model = from_pretrained(source.checkpoint, plan=plan).to(device).train()
         optimizer = torch.optim.AdamW(param_groups(model, plan, config.weight_decay), lr=config.learning_rate)
-        sampler = VersionedSampler(model, plan, task.tokenizer.pad_id, keep=setting.max_staleness + 1)
+        sampler = VersionedSampler(
+            model,
+            plan,
+            task.tokenizer.pad_id,
+            keep=setting.max_staleness + 1,
+            batch_rows=setting.groups_per_batch * setting.group_size,
+        )
         lags = random.Random(f"stability/lags/{seed}")
         stream = task.train_stream(seed)
         warm = evaluate(model, task)
