@@ -12,11 +12,11 @@ from .nvfp4_quantize import nvfp4_dequantize_kernel, nvfp4_quantize_kernel
 # Rows of up to this many 16-element blocks are quantised by one program that also reduces their amax.
 _MAX_ROW_BLOCKS = 4096
 # (elements per chunk, warps per program) by 4/6 or not: a chunk is what one step keeps in registers
-# without spilling (4/6 holds several candidates). Launch parameters only: results are the same bits for
-# any of them (the amax is a max, every block is computed alone). The fastest of 25 on the H200
-# (benchmarks/quantize_launch_gpu.py, benchmarks/results/h200_quantize_launch.json), within 10% of most
-# others: the kernels are bound by their arithmetic, not by how they are launched.
-LAUNCH = {False: (1024, 2), True: (1024, 4)}
+# without spilling (4/6 holds several candidates); one thread holds whole blocks, so a chunk should have
+# at least 32 · warps blocks (512 · warps elements). Launch parameters only: results are the same bits for
+# any of them (the amax is a max, every block is computed alone). Chosen from the sweep of
+# benchmarks/quantize_launch_gpu.py (results in benchmarks/results/h200_quantize_launch.json).
+LAUNCH = {False: (1024, 2), True: (1024, 2)}
 _DEQUANTIZE_CHUNK_ELEMENTS = 4096
 
 
@@ -79,7 +79,7 @@ def quantize(
         nvfp4_quantize_kernel[grid](
             rows,
             amax,
-            codes,
+            codes.view(torch.int32),
             scale_bytes,
             g,
             choice,

@@ -1,18 +1,20 @@
 """Triton NVFP4 quantise and dequantise, bit-identical to :mod:`nibble.kernels.reference.nvfp4`.
 
-One program handles ``BLOCK_M`` rows in chunks of ``CHUNK`` 16-element blocks (small enough that the
-4/6 path's intermediates stay in registers). With per-token scales and rows up to a few thousand blocks,
-the program reduces each row's amax in a first pass and quantises in a second whose reads hit the
-cache: one read of the input from memory, one write of codes, block scales and global scales. Longer
-rows (expert stacks quantised per expert) get their amax from a separate reduction so that many
-programs can share a row.
+One program handles ``BLOCK_M`` rows in chunks of ``CHUNK`` 16-element blocks. Each block is loaded as
+two 8-element halves, so one thread holds a whole block: its maximum, its scale, its 16-term error sum
+and its packed codes are computed in registers, once per block, with no cross-thread traffic. With
+per-token scales and rows up to a few thousand blocks, the program reduces each row's amax in a first
+pass (an element-wise running maximum, reduced once) and quantises in a second whose reads hit the
+cache. Longer rows (expert stacks quantised per expert) get their amax from a separate reduction.
 
-Every step is the float32 operation of docs/design.md §2.2–2.3 in the same order. The traps §2 lists are
-avoided as follows: divisions use ``tl.div_rn`` (Triton's ``/`` is approximate); the launcher turns
-floating-point contraction off (``enable_fp_fusion=False``) so ``a * b + c`` is never an FMA; the 4/6
-block error is added element by element in index order; E4M3 rounding is done with integer
-arithmetic on the float32 bits rather than the conversion instruction, so the Triton interpreter
-(used by the CPU tests) and every GPU round identically.
+Every step gives the float32 result of docs/design.md §2.2–2.3. The traps §2 lists are avoided as
+follows: divisions use ``tl.div_rn`` (Triton's ``/`` is approximate); the launcher turns floating-point
+contraction off (``enable_fp_fusion=False``) so ``a * b + c`` is never an FMA; the 4/6 block error is
+added element by element in index order; E4M3 and E2M1 rounding are done with integer and exact float32
+arithmetic on the bits rather than conversion instructions, so the Triton interpreter (used by the CPU
+tests) and every GPU round identically. Where a step is computed in another form than the spec's
+(E2M1 rounding, the 4/6 error's per-element division), the docstring proves it gives the same bits and
+tests/kernels/test_quantize_arithmetic.py checks it exhaustively.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ import triton.language as tl
 
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
 ONE_SIXTH = tl.constexpr(0.1666666716337204)  # fl(1/6): the float32 nearest to 1/6, exact as a literal
+# Bounds of the blocks whose 4/6 error takes the per-block fast form (see _error_terms_fast)
+FAST_MIN = tl.constexpr(2.0**-124)
+FAST_MAX = tl.constexpr(2.0**124)
 
 
 @triton.jit
@@ -55,15 +60,25 @@ def e4m3_decode(byte):
 
 
 @triton.jit
-def e2m1_code(v):
-    """E2M1 code (uint8, 0..15) of float32 ``v``: nearest grid point, ties to the even code; the sign bit is
-    set for ``v < 0`` (an exact −0.0 codes as +0, as in Transformer Engine)."""
-    mag = tl.abs(v)
-    code = (mag > 0.25).to(tl.int32) + (mag >= 0.75).to(tl.int32) + (mag > 1.25).to(tl.int32)
-    code += (mag >= 1.75).to(tl.int32) + (mag > 2.5).to(tl.int32) + (mag >= 3.5).to(tl.int32)
-    code += (mag > 5.0).to(tl.int32)
-    sign = (v < 0.0).to(tl.int32)
-    return (code | (sign << 3)).to(tl.uint8)
+def e2m1_round(v):
+    """E2M1 rounding of float32 ``v`` (any value but NaN): ``(code int32 0..15, rounded magnitude float32)``.
+
+    The code is the nearest grid point of ``clamp(v, -6, 6)``, ties to the even code, sign bit set for
+    ``v < 0`` (an exact −0.0 codes as +0, as in Transformer Engine): docs/design.md §2.1. With
+    ``m = min(|v|, 6)`` and ``e = max(0, floor(log2 m))``, the grid spacing in ``m``'s binade is
+    ``2^(e-1)`` (0.5 below 2, then 1, then 2), which is the float32 ulp of ``M = 2^(22+e)``: ``M + m``
+    (one IEEE add, ``m < 2^(e+1) <= M``) rounds ``m`` to the grid with ties to the even multiple of the
+    spacing, and the even multiples are exactly the even codes. The bits of ``M + m`` minus those of
+    ``M`` count spacings, ``k``; the code is ``k + 2e``. Checked against the 7-threshold definition on
+    every float32 by tests/kernels/test_quantize_arithmetic.py.
+    """
+    mag = tl.minimum(tl.abs(v), 6.0)
+    exp_bits = tl.maximum(mag.to(tl.int32, bitcast=True) & 0x7F800000, 0x3F800000)  # 2^e
+    magic_bits = exp_bits + (22 << 23)
+    t = mag + magic_bits.to(tl.float32, bitcast=True)
+    code = (t.to(tl.int32, bitcast=True) - magic_bits) + ((exp_bits >> 22) - 254)
+    rounded = t - magic_bits.to(tl.float32, bitcast=True)
+    return code | tl.where(v < 0.0, 8, 0), rounded
 
 
 @triton.jit
@@ -77,23 +92,34 @@ def e2m1_value(code):
 
 
 @triton.jit
-def _sum16_in_order(t, BM: tl.constexpr, NB: tl.constexpr):
-    """``t[..., 0] + t[..., 1] + ... + t[..., 15]`` for ``t [BM, NB, 16]``, one rounding per add, in order."""
-    even, odd = tl.split(tl.reshape(t, (BM, NB, 8, 2)))  # elements 0,2,..,14 and 1,3,..,15
-    e0, e1 = tl.split(tl.reshape(even, (BM, NB, 4, 2)))  # 0,4,8,12 and 2,6,10,14
-    o0, o1 = tl.split(tl.reshape(odd, (BM, NB, 4, 2)))  # 1,5,9,13 and 3,7,11,15
-    e00, e01 = tl.split(tl.reshape(e0, (BM, NB, 2, 2)))  # 0,8 and 4,12
-    e10, e11 = tl.split(tl.reshape(e1, (BM, NB, 2, 2)))  # 2,10 and 6,14
-    o00, o01 = tl.split(tl.reshape(o0, (BM, NB, 2, 2)))  # 1,9 and 5,13
-    o10, o11 = tl.split(tl.reshape(o1, (BM, NB, 2, 2)))  # 3,11 and 7,15
-    x0, x8 = tl.split(e00)
-    x4, x12 = tl.split(e01)
-    x2, x10 = tl.split(e10)
-    x6, x14 = tl.split(e11)
-    x1, x9 = tl.split(o00)
-    x5, x13 = tl.split(o01)
-    x3, x11 = tl.split(o10)
-    x7, x15 = tl.split(o11)
+def _unpack8(t):
+    """The 8 slices ``t[..., 0], ..., t[..., 7]`` of ``t [BM, NB, 8]`` (registers of one thread: free)."""
+    even, odd = tl.split(tl.reshape(t, (t.shape[0], t.shape[1], 4, 2)))  # 0,2,4,6 and 1,3,5,7
+    e0, e1 = tl.split(tl.reshape(even, (t.shape[0], t.shape[1], 2, 2)))  # 0,4 and 2,6
+    o0, o1 = tl.split(tl.reshape(odd, (t.shape[0], t.shape[1], 2, 2)))  # 1,5 and 3,7
+    x0, x4 = tl.split(e0)
+    x2, x6 = tl.split(e1)
+    x1, x5 = tl.split(o0)
+    x3, x7 = tl.split(o1)
+    return x0, x1, x2, x3, x4, x5, x6, x7
+
+
+@triton.jit
+def _pack8(codes):
+    """int32 ``[BM, NB]`` word of 8 codes ``[BM, NB, 8]``: code ``i`` in bits ``4i..4i+3`` (little-endian
+    bytes: element 2i in the low nibble, as docs/design.md §2.1 packs them)."""
+    even, odd = tl.split(tl.reshape(codes, (codes.shape[0], codes.shape[1], 4, 2)))
+    b = even | (odd << 4)  # bytes 0..3
+    b0b2, b1b3 = tl.split(tl.reshape(b, (codes.shape[0], codes.shape[1], 2, 2)))
+    lo, hi = tl.split(b0b2 | (b1b3 << 8))
+    return lo | (hi << 16)
+
+
+@triton.jit
+def _sum16_in_order(lo, hi):
+    """``t[0] + t[1] + ... + t[15]`` over the halves ``lo, hi [BM, NB, 8]``, one rounding per add, in order."""
+    x0, x1, x2, x3, x4, x5, x6, x7 = _unpack8(lo)
+    y0, y1, y2, y3, y4, y5, y6, y7 = _unpack8(hi)
     s = x0 + x1
     s = s + x2
     s = s + x3
@@ -101,90 +127,139 @@ def _sum16_in_order(t, BM: tl.constexpr, NB: tl.constexpr):
     s = s + x5
     s = s + x6
     s = s + x7
-    s = s + x8
-    s = s + x9
-    s = s + x10
-    s = s + x11
-    s = s + x12
-    s = s + x13
-    s = s + x14
-    s = s + x15
+    s = s + y0
+    s = s + y1
+    s = s + y2
+    s = s + y3
+    s = s + y4
+    s = s + y5
+    s = s + y6
+    s = s + y7
     return s
 
 
 @triton.jit
-def _encode(x, sf, g):
-    """Codes ``[BM, NB, 16]`` of ``x`` under block scales ``sf [BM, NB]`` and decode scales ``g [BM, 1]``;
-    a zero scale gives an infinite reciprocal, saturated at FLT_MAX as TE does."""
+def _encode_scale(sf, g):
+    """``min(1 / (sf · g), FLT_MAX)`` ``[BM, NB]``: a zero scale's infinite reciprocal saturates, as TE does."""
     denom = sf * g
-    encode = tl.minimum(tl.div_rn(tl.full(denom.shape, 1.0, tl.float32), denom), FLT_MAX)
-    scaled = tl.minimum(tl.maximum(x * encode[:, :, None], -6.0), 6.0)
-    return e2m1_code(scaled)
+    return tl.minimum(tl.div_rn(tl.full(denom.shape, 1.0, tl.float32), denom), FLT_MAX)
 
 
 @triton.jit
-def _block_error(codes, sf, amax, x, SIX_E: tl.constexpr, MSE: tl.constexpr, BM: tl.constexpr, NB: tl.constexpr):
-    """4/6 candidate error per block (docs/design.md §2.3): ``[BM, NB]`` float32."""
-    d = e2m1_value(codes) * sf[:, :, None]
-    d = d * amax[:, None, None]
-    d = tl.div_rn(d, tl.full(d.shape, SIX_E, tl.float32))
-    diff = d - x
+def _error(d_lo, d_hi, x_lo, x_hi, MSE: tl.constexpr):
+    """``Σ (d − x)²`` or ``Σ |d − x|`` over a block's 16 elements, in index order: ``[BM, NB]``."""
+    diff_lo = d_lo - x_lo
+    diff_hi = d_hi - x_hi
     if MSE:
-        per = diff * diff
+        return _sum16_in_order(diff_lo * diff_lo, diff_hi * diff_hi)
     else:
-        per = tl.abs(diff)
-    return _sum16_in_order(per, BM, NB)
+        return _sum16_in_order(tl.abs(diff_lo), tl.abs(diff_hi))
 
 
 @triton.jit
-def _load_chunk(x_ptr, rows, row_ok, chunk, KB, stride_xm, CHUNK: tl.constexpr):
-    """Chunk ``chunk`` of ``CHUNK`` 16-element blocks of each row, as float32 ``[BM, CHUNK, 16]``."""
+def _error_exact(x_lo, x_hi, enc, sf, amax, C: tl.constexpr, MSE: tl.constexpr):
+    """4/6 candidate error (docs/design.md §2.3) as the spec writes it, for any block:
+    ``d = ((e2m1_value(q) · sf) · amax) / (6E)`` per element."""
+    amax3 = amax[:, None, None]
+    c_lo, _ = e2m1_round(x_lo * enc[:, :, None])
+    c_hi, _ = e2m1_round(x_hi * enc[:, :, None])
+    d_lo = tl.div_rn((e2m1_value(c_lo) * sf[:, :, None]) * amax3, tl.full(x_lo.shape, C, tl.float32))
+    d_hi = tl.div_rn((e2m1_value(c_hi) * sf[:, :, None]) * amax3, tl.full(x_hi.shape, C, tl.float32))
+    return _error(d_lo, d_hi, x_lo, x_hi, MSE)
+
+
+@triton.jit
+def _error_fast(r_lo, r_hi, x_lo, x_hi, b1, b15, MSE: tl.constexpr):
+    """The same error as :func:`_error_exact` from two divisions per block, for blocks where
+    :func:`_fast_terms` says it is exact.
+
+    A nonzero grid magnitude is ``r = m · 2^j``, ``m ∈ {1, 1.5}``, ``j ∈ {-1..2}``, and ``r · sf`` is exact
+    (at most 6 significant bits), so the spec's ``d`` is ``±fl(fl(m · sf · amax · 2^j) / 6E)``. Rounding
+    commutes with the factor ``2^j`` while every value stays a finite normal float32, which the bounds of
+    :func:`_fast_terms` guarantee; then ``|d| = 2^j · B_m`` with ``B_m = fl(fl(m · sf · amax) / 6E)``, and
+    that product is exact. ``r = 0`` gives 0, as the spec does. The sign: ``q`` is negative only for
+    ``x < 0``, and ``fl(−a − x) = −fl(a − |x|)``, so ``(d − x)²`` and ``|d − x|`` equal those of
+    ``|d| − |x|`` for every ``x`` (an underflowed ``x · enc = −0`` codes +0 and gives ``0 − x = |x|``, the
+    negation of ``0 − |x|``).
+    """
+    pow_lo = (r_lo.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
+    pow_hi = (r_hi.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
+    d_lo = pow_lo * tl.where((r_lo.to(tl.int32, bitcast=True) & 0x400000) != 0, b15[:, :, None], b1[:, :, None])
+    d_hi = pow_hi * tl.where((r_hi.to(tl.int32, bitcast=True) & 0x400000) != 0, b15[:, :, None], b1[:, :, None])
+    return _error(d_lo, d_hi, tl.abs(x_lo), tl.abs(x_hi), MSE)
+
+
+@triton.jit
+def _fast_terms(sf, amax, C: tl.constexpr):
+    """``(B_1, B_1.5, ok)`` per block for :func:`_error_fast`. ``ok``: ``B_1 >= 2^-124`` (so every
+    ``2^j · B_m``, ``j >= -1``, and every ``fl(m · sf · amax) · 2^j`` are normal) and ``B_1.5·6E <= 2^124``
+    via ``fl(1.5 · sf · amax) <= 2^124`` (so ``4 · fl(1.5 · sf · amax)`` is finite), or ``sf == 0``
+    (every ``d`` is 0 both ways)."""
+    a1 = sf * amax[:, None]
+    a15 = (sf * 1.5) * amax[:, None]
+    b1 = tl.div_rn(a1, tl.full(a1.shape, C, tl.float32))
+    b15 = tl.div_rn(a15, tl.full(a15.shape, C, tl.float32))
+    ok = ((b1 >= FAST_MIN) & (a15 <= FAST_MAX)) | (sf == 0.0)
+    return b1, b15, ok
+
+
+@triton.jit
+def _load_halves(x_ptr, rows, row_ok, chunk, KB, stride_xm, CHUNK: tl.constexpr):
+    """Elements 0-7 and 8-15 of chunk ``chunk``'s ``CHUNK`` blocks per row: two ``[BM, CHUNK, 8]`` tensors
+    in the input dtype, laid out alike, so each thread gets both halves of its blocks."""
     blocks = chunk * CHUNK + tl.arange(0, CHUNK)
-    elems = tl.arange(0, 16)
     mask = row_ok[:, None, None] & (blocks < KB)[None, :, None]
-    offs = rows[:, None, None] * stride_xm + (blocks[None, :, None] * 16 + elems[None, None, :])
-    return tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    offs = rows[:, None, None] * stride_xm + (blocks[None, :, None] * 16 + tl.arange(0, 8)[None, None, :])
+    return tl.load(x_ptr + offs, mask=mask, other=0.0), tl.load(x_ptr + offs + 8, mask=mask, other=0.0)
 
 
 @triton.jit
 def _quantize_chunk(
-    x, amax, encode, g, rows, row_ok, chunk, KB, codes_ptr, scales_ptr, choice_ptr,
-    E: tl.constexpr, FOUR_OVER_SIX: tl.constexpr, MSE: tl.constexpr, WRITE_CHOICE: tl.constexpr,
-    BLOCK_M: tl.constexpr, CHUNK: tl.constexpr,
+    x_lo, x_hi, amax, encode, g, rows, row_ok, chunk, KB, codes_ptr, scales_ptr, choice_ptr,
+    E: tl.constexpr, FOUR_OVER_SIX: tl.constexpr, MSE: tl.constexpr, WRITE_CHOICE: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
     """Steps 3-4 of docs/design.md §2.2 (and §2.3's choice) for one chunk; stores codes, scales and choices."""
     blocks = chunk * CHUNK + tl.arange(0, CHUNK)
-    block_ok = blocks < KB
-    bmax = tl.max(tl.abs(x), axis=2)  # [BM, CHUNK]
+    block_ok = row_ok[:, None] & (blocks < KB)[None, :]
+    bmax = tl.max(tl.maximum(tl.abs(x_lo), tl.abs(x_hi)), axis=2)  # [BM, CHUNK]
     if FOUR_OVER_SIX:
         base = tl.div_rn(bmax, tl.full(bmax.shape, 6.0, tl.float32)) * encode[:, None]
         sf, sf_byte = e4m3_round(tl.minimum(base, 448.0))
         sf4, sf4_byte = e4m3_round(tl.minimum(base * 1.5, 448.0))
-        codes = _encode(x, sf, g[:, None])
-        codes4 = _encode(x, sf4, g[:, None])
-        err6 = _block_error(codes, sf, amax, x, E * 6.0, MSE, BLOCK_M, CHUNK)
-        err4 = _block_error(codes4, sf4, amax, x, E * 6.0, MSE, BLOCK_M, CHUNK)
-        to4 = err4 < err6
+        enc = _encode_scale(sf, g[:, None])
+        enc4 = _encode_scale(sf4, g[:, None])
+        codes_lo, r_lo = e2m1_round(x_lo * enc[:, :, None])
+        codes_hi, r_hi = e2m1_round(x_hi * enc[:, :, None])
+        codes4_lo, r4_lo = e2m1_round(x_lo * enc4[:, :, None])
+        codes4_hi, r4_hi = e2m1_round(x_hi * enc4[:, :, None])
+        b1, b15, ok = _fast_terms(sf, amax, E * 6.0)
+        b1_4, b15_4, ok4 = _fast_terms(sf4, amax, E * 6.0)
+        # one branch per chunk: the exact form runs only where some block has an extreme scale · amax
+        if tl.min((ok & ok4).to(tl.int32)) == 1:
+            err6 = _error_fast(r_lo, r_hi, x_lo, x_hi, b1, b15, MSE)
+            err4 = _error_fast(r4_lo, r4_hi, x_lo, x_hi, b1_4, b15_4, MSE)
+        else:
+            err6 = _error_exact(x_lo, x_hi, enc, sf, amax, E * 6.0, MSE)
+            err4 = _error_exact(x_lo, x_hi, enc4, sf4, amax, E * 6.0, MSE)
+        to4 = err4 < err6  # ties keep map-to-6
         sf_byte = tl.where(to4, sf4_byte, sf_byte)
-        codes = tl.where(to4[:, :, None], codes4, codes)
+        word_lo = tl.where(to4, _pack8(codes4_lo), _pack8(codes_lo))
+        word_hi = tl.where(to4, _pack8(codes4_hi), _pack8(codes_hi))
         if WRITE_CHOICE:
-            tl.store(
-                choice_ptr + rows[:, None] * KB + blocks[None, :],
-                to4.to(tl.uint8),
-                mask=row_ok[:, None] & block_ok[None, :],
-            )
+            tl.store(choice_ptr + rows[:, None] * KB + blocks[None, :], to4.to(tl.uint8), mask=block_ok)
     else:
         # TE folds 1/6 into the row's scale: bmax · (S · fl(1/6)), a different rounding from (bmax / 6) · S
         multiplier = encode * ONE_SIXTH
         sf, sf_byte = e4m3_round(tl.minimum(bmax * multiplier[:, None], 448.0))
-        codes = _encode(x, sf, g[:, None])
-
-    nibble_weight = tl.where(tl.arange(0, 2) == 0, 1, 16)[None, None, None, :]
-    packed = tl.sum(tl.reshape(codes.to(tl.int32), (BLOCK_M, CHUNK, 8, 2)) * nibble_weight, axis=3).to(tl.uint8)
-    pairs = tl.arange(0, 8)
-    code_offs = rows[:, None, None] * (KB * 8) + (blocks[None, :, None] * 8 + pairs[None, None, :])
-    tl.store(codes_ptr + code_offs, packed, mask=row_ok[:, None, None] & block_ok[None, :, None])
-    tl.store(scales_ptr + rows[:, None] * KB + blocks[None, :], sf_byte, mask=row_ok[:, None] & block_ok[None, :])
+        enc = _encode_scale(sf, g[:, None])
+        codes_lo, _ = e2m1_round(x_lo * enc[:, :, None])
+        codes_hi, _ = e2m1_round(x_hi * enc[:, :, None])
+        word_lo = _pack8(codes_lo)
+        word_hi = _pack8(codes_hi)
+    # codes_ptr is int32: two words (16 codes) per block
+    word_offs = (rows[:, None] * (KB * 2) + blocks[None, :] * 2)[:, :, None] + tl.arange(0, 2)[None, None, :]
+    tl.store(codes_ptr + word_offs, tl.join(word_lo, word_hi), mask=block_ok[:, :, None])
+    tl.store(scales_ptr + rows[:, None] * KB + blocks[None, :], sf_byte, mask=block_ok)
 
 
 @triton.jit
@@ -208,8 +283,8 @@ def nvfp4_quantize_kernel(
     CHUNK: tl.constexpr,
     NUM_CHUNKS: tl.constexpr,
 ):
-    """Quantise rows ``x [M, KB*16]`` (float32/bf16/fp16) into codes ``uint8 [M, KB*8]``, block-scale bytes
-    ``uint8 [M, KB]`` and decode scales ``float32 [M]`` (per token) or ``[1]`` (per tensor).
+    """Quantise rows ``x [M, KB*16]`` (float32/bf16/fp16) into codes ``int32 [M, KB*2]`` (8 packed codes a
+    word), block-scale bytes ``uint8 [M, KB]`` and decode scales ``float32 [M]`` (per token) or ``[1]``.
 
     With ``AMAX_IN_KERNEL`` one program owns whole rows: a first pass over its ``NUM_CHUNKS`` chunks reduces
     the row amax, the second quantises them (the re-read is served by the cache). Otherwise the amax comes
@@ -221,10 +296,12 @@ def nvfp4_quantize_kernel(
     row_ok = rows < M
     rows = rows.to(tl.int64)
     if AMAX_IN_KERNEL:
-        amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        # a running maximum per element, reduced across threads once at the end
+        running = tl.zeros((BLOCK_M, CHUNK, 8), dtype=tl.float32)
         for c in tl.range(0, NUM_CHUNKS):
-            x = _load_chunk(x_ptr, rows, row_ok, c, KB, stride_xm, CHUNK)
-            amax = tl.maximum(amax, tl.max(tl.max(tl.abs(x), axis=2), axis=1))
+            lo, hi = _load_halves(x_ptr, rows, row_ok, c, KB, stride_xm, CHUNK)
+            running = tl.maximum(running, tl.maximum(tl.abs(lo.to(tl.float32)), tl.abs(hi.to(tl.float32))))
+        amax = tl.max(tl.max(running, axis=2), axis=1)
     elif PER_TOKEN:
         amax = tl.load(amax_ptr + rows, mask=row_ok, other=0.0)
     else:
@@ -236,10 +313,10 @@ def nvfp4_quantize_kernel(
     g = tl.div_rn(tl.full(encode.shape, 1.0, tl.float32), encode)
     for i in tl.range(0, NUM_CHUNKS):
         c = pid_k * NUM_CHUNKS + i
-        x = _load_chunk(x_ptr, rows, row_ok, c, KB, stride_xm, CHUNK)
+        lo, hi = _load_halves(x_ptr, rows, row_ok, c, KB, stride_xm, CHUNK)
         _quantize_chunk(
-            x, amax, encode, g, rows, row_ok, c, KB, codes_ptr, scales_ptr, choice_ptr,
-            E, FOUR_OVER_SIX, MSE, WRITE_CHOICE, BLOCK_M, CHUNK,
+            lo.to(tl.float32), hi.to(tl.float32), amax, encode, g, rows, row_ok, c, KB, codes_ptr, scales_ptr,
+            choice_ptr, E, FOUR_OVER_SIX, MSE, WRITE_CHOICE, CHUNK,
         )  # fmt: skip
     if PER_TOKEN:
         tl.store(g_ptr + rows, g, mask=row_ok & (pid_k == 0))

@@ -1,0 +1,148 @@
+"""The NVFP4 quantise kernel's own arithmetic against the spec's definitions (docs/design.md §2.1, §2.3).
+
+The kernel rounds to E2M1 with a magic-number add instead of seven threshold compares, and computes the
+4/6 error's per-element ``d`` from two per-block divisions instead of one division per element
+(kernels/gpu/nvfp4_quantize.py proves both). These tests run the kernel's own ``@triton.jit`` functions
+through probe kernels — under the Triton interpreter on the CPU, compiled on a GPU — on every float32
+near the E2M1 grid, and on blocks spanning the whole float32 range of scales and amax.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from nibble.kernels import nvfp4
+from nibble.kernels.codecs import e2m1_decode, e2m1_rne
+from tests.helpers import assert_same_bits, heavy_tailed
+
+triton = pytest.importorskip("triton", reason="the triton package is not installed")
+import triton.language as tl  # noqa: E402  (after the skip)
+
+from nibble.kernels.gpu import nvfp4 as gpu_nvfp4  # noqa: E402
+from nibble.kernels.gpu.nvfp4_quantize import _error_exact, _error_fast, _fast_terms, e2m1_round  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+PROBE = 1 << 16
+
+
+@triton.jit
+def _e2m1_probe(v_ptr, code_ptr, rounded_ptr, N, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < N
+    code, rounded = e2m1_round(tl.load(v_ptr + offs, mask=ok, other=0.0))
+    tl.store(code_ptr + offs, code, mask=ok)
+    tl.store(rounded_ptr + offs, rounded, mask=ok)
+
+
+@triton.jit
+def _error_probe(x_ptr, enc_ptr, sf_ptr, amax_ptr, exact_ptr, fast_ptr, ok_ptr, MSE: tl.constexpr, NB: tl.constexpr):
+    """``NB`` blocks ``x [NB, 16]``, each its own row (own ``amax``) with its ``enc`` and ``sf``: both error
+    forms and the fast form's flag."""
+    blocks = tl.program_id(0) * NB + tl.arange(0, NB)
+    offs = blocks[:, None, None] * 16 + tl.arange(0, 8)[None, None, :]
+    x_lo = tl.load(x_ptr + offs)
+    x_hi = tl.load(x_ptr + offs + 8)
+    enc = tl.load(enc_ptr + blocks)[:, None]
+    sf = tl.load(sf_ptr + blocks)[:, None]
+    amax = tl.load(amax_ptr + blocks)
+    exact = _error_exact(x_lo, x_hi, enc, sf, amax, 1536.0, MSE)
+    _, r_lo = e2m1_round(x_lo * enc[:, :, None])
+    _, r_hi = e2m1_round(x_hi * enc[:, :, None])
+    b1, b15, ok = _fast_terms(sf, amax, 1536.0)
+    fast = _error_fast(r_lo, r_hi, x_lo, x_hi, b1, b15, MSE)
+    tl.store(exact_ptr + blocks[:, None], exact)
+    tl.store(fast_ptr + blocks[:, None], fast)
+    tl.store(ok_ptr + blocks[:, None], ok.to(tl.int8))
+
+
+def _run_e2m1(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    v = v.to(DEVICE)
+    code = torch.empty(v.shape, dtype=torch.int32, device=DEVICE)
+    rounded = torch.empty(v.shape, dtype=torch.float32, device=DEVICE)
+    _e2m1_probe[(triton.cdiv(v.numel(), PROBE),)](v, code, rounded, v.numel(), BLOCK=PROBE, enable_fp_fusion=False)
+    return code.cpu(), rounded.cpu()
+
+
+def _check_e2m1(bits: np.ndarray) -> None:
+    v = torch.from_numpy(bits.view(np.float32))
+    code, rounded = _run_e2m1(v)
+    want = e2m1_rne(v)
+    bad = code != want.to(torch.int32)
+    assert not bad.any(), f"{int(bad.sum())} codes differ, first at {v[bad][:4].tolist()}"
+    assert_same_bits(e2m1_decode(want).abs(), rounded, "rounded magnitude")
+
+
+@pytest.mark.parametrize("sign", [0, 1])
+def test_e2m1_round_on_every_float32_from_2e_minus_8_to_8(sign):
+    """Every float32 of magnitude in [2^-8, 8): every tie, midpoint neighbour and binade edge of the grid."""
+    for exponent in range(119, 130):
+        bits = (np.arange(1 << 23, dtype=np.uint32) | np.uint32(exponent << 23)) | np.uint32(sign << 31)
+        _check_e2m1(bits)
+
+
+def test_e2m1_round_below_2e_minus_8_above_8_and_special_values():
+    """Magnitudes below 2^-8 all round to 0 (the add only sees ``2^22 + m``); above 6 all saturate: a
+    random sample of each, every exponent's first and last mantissa, zeros, subnormals and infinities."""
+    gen = np.random.default_rng(0)
+    small = gen.integers(0, 119 << 23, 1 << 20, dtype=np.uint32)
+    large = gen.integers(130 << 23, 0x7F800001, 1 << 20, dtype=np.uint32)
+    edges = np.array([(e << 23) | m for e in range(256) for m in (0, 1, 0x7FFFFF)], dtype=np.uint32)
+    edges = edges[(edges & 0x7FFFFFFF) <= 0x7F800000]  # no NaN: the quantiser rejects it
+    bits = np.concatenate([small, large, edges])
+    _check_e2m1(np.concatenate([bits, bits | np.uint32(1 << 31)]))
+
+
+def _e4m3_values() -> torch.Tensor:
+    """Every non-negative finite E4M3 value (0 and 126 positive), float32."""
+    return torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).to(torch.float32)
+
+
+@pytest.mark.parametrize("metric", ["mse", "mae"])
+def test_fast_four_over_six_error_equals_the_spec_form_where_it_claims_to(metric):
+    """Blocks with every E4M3 scale, amax log-uniform over all of float32 (plus its edges), encode scales
+    around and far from the one the scale implies, and elements of every magnitude: wherever the fast
+    form's flag is set, its error has the same bits as the spec's; and the flag is set on ordinary data."""
+    gen = torch.Generator().manual_seed(1)
+    sf = _e4m3_values().repeat(64)
+    n = sf.numel()
+    amax = torch.exp2(torch.empty(n).uniform_(-149, 128, generator=gen)).clamp(max=torch.finfo(torch.float32).max)
+    amax[:8] = torch.tensor([0.0, 2.0**-149, 2.0**-126, 1.0, 448.0, 2.0**100, 2.0**126, torch.finfo(torch.float32).max])
+    g = amax / 1536.0
+    enc = torch.where(sf * g > 0, 1.0 / (sf * g), torch.finfo(torch.float32).max)
+    enc = enc * torch.exp2(torch.empty(n).uniform_(-2, 2, generator=gen))  # off the implied scale too
+    enc = enc.clamp(max=torch.finfo(torch.float32).max)  # as the kernel's encode scale is
+    x = torch.randn(n, 16, generator=gen) * (sf * g).clamp(min=2.0**-149).unsqueeze(-1) * 4.0
+    x[::7] = heavy_tailed((len(x[::7]), 16), 3) * amax[::7].unsqueeze(-1) / 8
+    x = torch.nan_to_num(x, posinf=0.0, neginf=0.0)
+    exact, fast = torch.empty(n, device=DEVICE), torch.empty(n, device=DEVICE)
+    ok = torch.empty(n, dtype=torch.int8, device=DEVICE)
+    _error_probe[(n // 64,)](
+        x.to(DEVICE), enc.to(DEVICE), sf.to(DEVICE), amax.to(DEVICE), exact, fast, ok,
+        MSE=metric == "mse", NB=64, enable_fp_fusion=False,
+    )  # fmt: skip
+    ok = ok.cpu().bool()
+    assert_same_bits(exact.cpu()[ok], fast.cpu()[ok], "fast 4/6 error")
+    ordinary = (amax > 2.0**-60) & (amax < 2.0**60) & (sf > 0)
+    assert ok[ordinary].all(), "the fast form should cover every block of ordinary magnitude"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("four_over_six", [None, "mse", "mae"])
+@pytest.mark.parametrize("launch", [None, (512, 1), (2048, 4), (4096, 8)])
+def test_benchmark_shapes_are_bit_identical_on_cuda(four_over_six, launch):
+    """The benchmark's activation and weight shapes (bf16, per token and per tensor), compiled on the GPU
+    with the default and other launches, against the torch reference on CUDA (itself CPU-identical)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for shape in [(8192, 7168), (32, 7168), (64, 2048), (4096, 4096)]:
+        x = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen)
+        x[: shape[0] // 4] *= torch.exp2(torch.randint(-20, 20, (shape[0] // 4, 1), device="cuda", generator=gen))
+        for scale in ("per_token", "per_tensor"):
+            ref, ref_map = nvfp4.quantize_with_choices(x, scale=scale, four_over_six=four_over_six, backend="reference")
+            out, out_map = gpu_nvfp4.quantize(
+                x, per_token=scale == "per_token", four_over_six=four_over_six, with_choices=True, launch=launch
+            )
+            assert_same_bits(ref.codes, out.codes, f"{shape} {scale} codes")
+            assert_same_bits(ref.block_scales, out.block_scales, f"{shape} {scale} block scales")
+            assert_same_bits(ref.global_scale, out.global_scale.reshape(ref.global_scale.shape), f"{shape} {scale} g")
+            if four_over_six:
+                assert_same_bits(ref_map, out_map, f"{shape} {scale} map-to-4")
