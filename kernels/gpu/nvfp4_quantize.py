@@ -13,8 +13,8 @@ contraction off (``enable_fp_fusion=False``) so ``a * b + c`` is never an FMA; t
 added element by element in index order; E4M3 and E2M1 rounding are done with integer and exact float32
 arithmetic on the bits rather than conversion instructions, so the Triton interpreter (used by the CPU
 tests) and every GPU round identically. Where a step is computed in another form than the spec's
-(E2M1 rounding, the 4/6 error's per-element division), the docstring proves it gives the same bits and
-tests/kernels/test_quantize_arithmetic.py checks it exhaustively.
+(E2M1 rounding, the 4/6 error's per-element division), its docstring proves it gives the same bits and
+tests/kernels/test_quantize_arithmetic.py checks it (E2M1 on every float32 near the grid).
 """
 
 from __future__ import annotations
@@ -147,9 +147,15 @@ def _encode_scale(sf, g):
 
 @triton.jit
 def _error(d_lo, d_hi, x_lo, x_hi, MSE: tl.constexpr):
-    """``Σ (d − x)²`` or ``Σ |d − x|`` over a block's 16 elements, in index order: ``[BM, NB]``."""
-    diff_lo = d_lo - x_lo
-    diff_hi = d_hi - x_hi
+    """4/6 candidate error ``Σ (d − x)²`` or ``Σ |d − x|`` over a block's 16 elements, in index order
+    (docs/design.md §2.3), ``[BM, NB]``, from ``|d|`` and ``x``.
+
+    Only magnitudes are needed: ``q`` is negative only for ``x < 0``, and ``fl(−a − x) = −fl(a − |x|)``, so
+    ``(d − x)²`` and ``|d − x|`` equal those of ``|d| − |x|`` for every ``x`` (an ``x · enc`` that underflows
+    to −0 codes +0 and gives ``0 − x = |x|``, the negation of ``0 − |x|``).
+    """
+    diff_lo = d_lo - tl.abs(x_lo)
+    diff_hi = d_hi - tl.abs(x_hi)
     if MSE:
         return _sum16_in_order(diff_lo * diff_lo, diff_hi * diff_hi)
     else:
@@ -157,50 +163,72 @@ def _error(d_lo, d_hi, x_lo, x_hi, MSE: tl.constexpr):
 
 
 @triton.jit
-def _error_exact(x_lo, x_hi, enc, sf, amax, C: tl.constexpr, MSE: tl.constexpr):
-    """4/6 candidate error (docs/design.md §2.3) as the spec writes it, for any block:
-    ``d = ((e2m1_value(q) · sf) · amax) / (6E)`` per element."""
-    amax3 = amax[:, None, None]
-    c_lo, _ = e2m1_round(x_lo * enc[:, :, None])
-    c_hi, _ = e2m1_round(x_hi * enc[:, :, None])
-    d_lo = tl.div_rn((e2m1_value(c_lo) * sf[:, :, None]) * amax3, tl.full(x_lo.shape, C, tl.float32))
-    d_hi = tl.div_rn((e2m1_value(c_hi) * sf[:, :, None]) * amax3, tl.full(x_hi.shape, C, tl.float32))
+def _lookup(r, d05, d1, d15, d2, d3, d4, d6):
+    """``|d|`` per element ``[BM, NB, 8]`` from its grid magnitude ``r`` and the block's ``d`` per magnitude."""
+    d = tl.where(r == 0.5, d05[:, :, None], 0.0)
+    d = tl.where(r == 1.0, d1[:, :, None], d)
+    d = tl.where(r == 1.5, d15[:, :, None], d)
+    d = tl.where(r == 2.0, d2[:, :, None], d)
+    d = tl.where(r == 3.0, d3[:, :, None], d)
+    d = tl.where(r == 4.0, d4[:, :, None], d)
+    return tl.where(r == 6.0, d6[:, :, None], d)
+
+
+@triton.jit
+def _error_exact(r_lo, r_hi, x_lo, x_hi, sf, amax, C: tl.constexpr, MSE: tl.constexpr):
+    """4/6 candidate error for any block, ``|d| = ((r · sf) · amax) / (6E)`` exactly as the spec writes it,
+    evaluated once per grid magnitude ``r`` (a block has at most 7 nonzero ones; ``r = 0`` gives 0)."""
+    a = amax[:, None]
+    c = tl.full(sf.shape, C, tl.float32)
+    d05 = tl.div_rn((sf * 0.5) * a, c)
+    d1 = tl.div_rn(sf * a, c)
+    d15 = tl.div_rn((sf * 1.5) * a, c)
+    d2 = tl.div_rn((sf * 2.0) * a, c)
+    d3 = tl.div_rn((sf * 3.0) * a, c)
+    d4 = tl.div_rn((sf * 4.0) * a, c)
+    d6 = tl.div_rn((sf * 6.0) * a, c)
+    d_lo = _lookup(r_lo, d05, d1, d15, d2, d3, d4, d6)
+    d_hi = _lookup(r_hi, d05, d1, d15, d2, d3, d4, d6)
     return _error(d_lo, d_hi, x_lo, x_hi, MSE)
 
 
 @triton.jit
 def _error_fast(r_lo, r_hi, x_lo, x_hi, b1, b15, MSE: tl.constexpr):
-    """The same error as :func:`_error_exact` from two divisions per block, for blocks where
-    :func:`_fast_terms` says it is exact.
+    """The error of :func:`_error_exact` from two divisions per block (:func:`_fast_terms`), for rows where
+    :func:`_fast_rows` says it is the same.
 
     A nonzero grid magnitude is ``r = m · 2^j``, ``m ∈ {1, 1.5}``, ``j ∈ {-1..2}``, and ``r · sf`` is exact
-    (at most 6 significant bits), so the spec's ``d`` is ``±fl(fl(m · sf · amax · 2^j) / 6E)``. Rounding
-    commutes with the factor ``2^j`` while every value stays a finite normal float32, which the bounds of
-    :func:`_fast_terms` guarantee; then ``|d| = 2^j · B_m`` with ``B_m = fl(fl(m · sf · amax) / 6E)``, and
-    that product is exact. ``r = 0`` gives 0, as the spec does. The sign: ``q`` is negative only for
-    ``x < 0``, and ``fl(−a − x) = −fl(a − |x|)``, so ``(d − x)²`` and ``|d − x|`` equal those of
-    ``|d| − |x|`` for every ``x`` (an underflowed ``x · enc = −0`` codes +0 and gives ``0 − x = |x|``, the
-    negation of ``0 − |x|``).
+    (at most 6 significant bits), so ``|d| = fl(fl(2^j · m · sf · amax) / 6E)``. Rounding commutes with the
+    factor ``2^j`` while every value stays a finite normal float32, which the bounds of :func:`_fast_rows`
+    guarantee; then ``|d| = 2^j · B_m`` with ``B_m = fl(fl(m · sf · amax) / 6E)``, and that product is exact.
     """
     pow_lo = (r_lo.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
     pow_hi = (r_hi.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
     d_lo = pow_lo * tl.where((r_lo.to(tl.int32, bitcast=True) & 0x400000) != 0, b15[:, :, None], b1[:, :, None])
     d_hi = pow_hi * tl.where((r_hi.to(tl.int32, bitcast=True) & 0x400000) != 0, b15[:, :, None], b1[:, :, None])
-    return _error(d_lo, d_hi, tl.abs(x_lo), tl.abs(x_hi), MSE)
+    return _error(d_lo, d_hi, x_lo, x_hi, MSE)
 
 
 @triton.jit
 def _fast_terms(sf, amax, C: tl.constexpr):
-    """``(B_1, B_1.5, ok)`` per block for :func:`_error_fast`. ``ok``: ``B_1 >= 2^-124`` (so every
-    ``2^j · B_m``, ``j >= -1``, and every ``fl(m · sf · amax) · 2^j`` are normal) and ``B_1.5·6E <= 2^124``
-    via ``fl(1.5 · sf · amax) <= 2^124`` (so ``4 · fl(1.5 · sf · amax)`` is finite), or ``sf == 0``
-    (every ``d`` is 0 both ways)."""
-    a1 = sf * amax[:, None]
-    a15 = (sf * 1.5) * amax[:, None]
-    b1 = tl.div_rn(a1, tl.full(a1.shape, C, tl.float32))
-    b15 = tl.div_rn(a15, tl.full(a15.shape, C, tl.float32))
-    ok = ((b1 >= FAST_MIN) & (a15 <= FAST_MAX)) | (sf == 0.0)
-    return b1, b15, ok
+    """``(B_1, B_1.5)`` per block ``[BM, NB]`` for :func:`_error_fast`: ``B_m = fl(fl(m · sf · amax) / 6E)``."""
+    b1 = tl.div_rn(sf * amax[:, None], tl.full(sf.shape, C, tl.float32))
+    b15 = tl.div_rn((sf * 1.5) * amax[:, None], tl.full(sf.shape, C, tl.float32))
+    return b1, b15
+
+
+@triton.jit
+def _fast_rows(amax, row_ok, C: tl.constexpr):
+    """Per row of ``amax [BM]``: whether :func:`_error_fast` is exact on each of its blocks (bool ``[BM]``).
+
+    A block scale is 0 (then every ``d`` is 0 both ways) or in ``[2^-9, 448]``, and rounding is monotone,
+    so every block's ``B_1 >= fl(fl(2^-9 · amax) / 6E)`` and every ``fl(1.5 · sf · amax) <= fl(672 · amax)``.
+    With the first ``>= 2^-124``, every ``2^j · B_m`` and ``fl(m · sf · amax) · 2^j`` (``j >= -1``) is normal;
+    with the second ``<= 2^124``, ``4 · fl(1.5 · sf · amax)`` is finite. An all-zero row (amax 0) has
+    only zero scales. Rows outside these bounds (|x| beyond about 2^±100) take the per-magnitude form.
+    """
+    lowest = tl.div_rn(amax * 0.001953125, tl.full(amax.shape, C, tl.float32))
+    return ((lowest >= 2.0**-124) & (amax * 672.0 <= 2.0**124)) | (amax == 0.0) | (row_ok == 0)
 
 
 @triton.jit
@@ -215,7 +243,7 @@ def _load_halves(x_ptr, rows, row_ok, chunk, KB, stride_xm, CHUNK: tl.constexpr)
 
 @triton.jit
 def _quantize_chunk(
-    x_lo, x_hi, amax, encode, g, rows, row_ok, chunk, KB, codes_ptr, scales_ptr, choice_ptr,
+    x_lo, x_hi, amax, fast, encode, g, rows, row_ok, chunk, KB, codes_ptr, scales_ptr, choice_ptr,
     E: tl.constexpr, FOUR_OVER_SIX: tl.constexpr, MSE: tl.constexpr, WRITE_CHOICE: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
     """Steps 3-4 of docs/design.md §2.2 (and §2.3's choice) for one chunk; stores codes, scales and choices."""
@@ -232,19 +260,19 @@ def _quantize_chunk(
         codes_hi, r_hi = e2m1_round(x_hi * enc[:, :, None])
         codes4_lo, r4_lo = e2m1_round(x_lo * enc4[:, :, None])
         codes4_hi, r4_hi = e2m1_round(x_hi * enc4[:, :, None])
-        b1, b15, ok = _fast_terms(sf, amax, E * 6.0)
-        b1_4, b15_4, ok4 = _fast_terms(sf4, amax, E * 6.0)
-        # one branch per chunk: the exact form runs only where some block has an extreme scale · amax
-        if tl.min((ok & ok4).to(tl.int32)) == 1:
+        words = (_pack8(codes_lo), _pack8(codes_hi), _pack8(codes4_lo), _pack8(codes4_hi))
+        if fast:
+            b1, b15 = _fast_terms(sf, amax, E * 6.0)
+            b1_4, b15_4 = _fast_terms(sf4, amax, E * 6.0)
             err6 = _error_fast(r_lo, r_hi, x_lo, x_hi, b1, b15, MSE)
             err4 = _error_fast(r4_lo, r4_hi, x_lo, x_hi, b1_4, b15_4, MSE)
         else:
-            err6 = _error_exact(x_lo, x_hi, enc, sf, amax, E * 6.0, MSE)
-            err4 = _error_exact(x_lo, x_hi, enc4, sf4, amax, E * 6.0, MSE)
+            err6 = _error_exact(r_lo, r_hi, x_lo, x_hi, sf, amax, E * 6.0, MSE)
+            err4 = _error_exact(r4_lo, r4_hi, x_lo, x_hi, sf4, amax, E * 6.0, MSE)
         to4 = err4 < err6  # ties keep map-to-6
         sf_byte = tl.where(to4, sf4_byte, sf_byte)
-        word_lo = tl.where(to4, _pack8(codes4_lo), _pack8(codes_lo))
-        word_hi = tl.where(to4, _pack8(codes4_hi), _pack8(codes_hi))
+        word_lo = tl.where(to4, words[2], words[0])
+        word_hi = tl.where(to4, words[3], words[1])
         if WRITE_CHOICE:
             tl.store(choice_ptr + rows[:, None] * KB + blocks[None, :], to4.to(tl.uint8), mask=block_ok)
     else:
@@ -296,12 +324,12 @@ def nvfp4_quantize_kernel(
     row_ok = rows < M
     rows = rows.to(tl.int64)
     if AMAX_IN_KERNEL:
-        # a running maximum per element, reduced across threads once at the end
-        running = tl.zeros((BLOCK_M, CHUNK, 8), dtype=tl.float32)
+        # a running maximum per element (exact in the input dtype), reduced across threads once at the end
+        running = tl.zeros((BLOCK_M, CHUNK, 8), dtype=x_ptr.dtype.element_ty)
         for c in tl.range(0, NUM_CHUNKS):
             lo, hi = _load_halves(x_ptr, rows, row_ok, c, KB, stride_xm, CHUNK)
-            running = tl.maximum(running, tl.maximum(tl.abs(lo.to(tl.float32)), tl.abs(hi.to(tl.float32))))
-        amax = tl.max(tl.max(running, axis=2), axis=1)
+            running = tl.maximum(running, tl.maximum(tl.abs(lo), tl.abs(hi))).to(x_ptr.dtype.element_ty)
+        amax = tl.max(tl.max(running.to(tl.float32), axis=2), axis=1)
     elif PER_TOKEN:
         amax = tl.load(amax_ptr + rows, mask=row_ok, other=0.0)
     else:
@@ -311,11 +339,13 @@ def nvfp4_quantize_kernel(
     encode = tl.minimum(tl.div_rn(six_e, amax), FLT_MAX)
     encode = tl.where(encode == 0.0, 1.0, encode)
     g = tl.div_rn(tl.full(encode.shape, 1.0, tl.float32), encode)
+    # one branch per program: a program with an extreme row takes the exact form for all its rows
+    fast = tl.min(_fast_rows(amax, row_ok, E * 6.0).to(tl.int32)) == 1
     for i in tl.range(0, NUM_CHUNKS):
         c = pid_k * NUM_CHUNKS + i
         lo, hi = _load_halves(x_ptr, rows, row_ok, c, KB, stride_xm, CHUNK)
         _quantize_chunk(
-            lo.to(tl.float32), hi.to(tl.float32), amax, encode, g, rows, row_ok, c, KB, codes_ptr, scales_ptr,
+            lo.to(tl.float32), hi.to(tl.float32), amax, fast, encode, g, rows, row_ok, c, KB, codes_ptr, scales_ptr,
             choice_ptr, E, FOUR_OVER_SIX, MSE, WRITE_CHOICE, CHUNK,
         )  # fmt: skip
     if PER_TOKEN:

@@ -19,7 +19,15 @@ triton = pytest.importorskip("triton", reason="the triton package is not install
 import triton.language as tl  # noqa: E402  (after the skip)
 
 from nibble.kernels.gpu import nvfp4 as gpu_nvfp4  # noqa: E402
-from nibble.kernels.gpu.nvfp4_quantize import _error_exact, _error_fast, _fast_terms, e2m1_round  # noqa: E402
+from nibble.kernels.gpu.nvfp4_quantize import (  # noqa: E402
+    _error_exact,
+    _error_fast,
+    _fast_rows,
+    _fast_terms,
+    _sum16_in_order,
+    e2m1_round,
+    e2m1_value,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PROBE = 1 << 16
@@ -35,9 +43,12 @@ def _e2m1_probe(v_ptr, code_ptr, rounded_ptr, N, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _error_probe(x_ptr, enc_ptr, sf_ptr, amax_ptr, exact_ptr, fast_ptr, ok_ptr, MSE: tl.constexpr, NB: tl.constexpr):
-    """``NB`` blocks ``x [NB, 16]``, each its own row (own ``amax``) with its ``enc`` and ``sf``: both error
-    forms and the fast form's flag."""
+def _error_probe(
+    x_ptr, enc_ptr, sf_ptr, amax_ptr, spec_ptr, exact_ptr, fast_ptr, ok_ptr, MSE: tl.constexpr, NB: tl.constexpr
+):  # fmt: skip
+    """``NB`` blocks ``x [NB, 16]``, each its own row (own ``amax``) with its ``enc`` and ``sf``: the 4/6 error
+    as docs/design.md §2.3 writes it (signed ``d``, one division per element), the kernel's two forms, and
+    the fast form's flag."""
     blocks = tl.program_id(0) * NB + tl.arange(0, NB)
     offs = blocks[:, None, None] * 16 + tl.arange(0, 8)[None, None, :]
     x_lo = tl.load(x_ptr + offs)
@@ -45,14 +56,21 @@ def _error_probe(x_ptr, enc_ptr, sf_ptr, amax_ptr, exact_ptr, fast_ptr, ok_ptr, 
     enc = tl.load(enc_ptr + blocks)[:, None]
     sf = tl.load(sf_ptr + blocks)[:, None]
     amax = tl.load(amax_ptr + blocks)
-    exact = _error_exact(x_lo, x_hi, enc, sf, amax, 1536.0, MSE)
-    _, r_lo = e2m1_round(x_lo * enc[:, :, None])
-    _, r_hi = e2m1_round(x_hi * enc[:, :, None])
-    b1, b15, ok = _fast_terms(sf, amax, 1536.0)
-    fast = _error_fast(r_lo, r_hi, x_lo, x_hi, b1, b15, MSE)
-    tl.store(exact_ptr + blocks[:, None], exact)
-    tl.store(fast_ptr + blocks[:, None], fast)
-    tl.store(ok_ptr + blocks[:, None], ok.to(tl.int8))
+    c_lo, r_lo = e2m1_round(x_lo * enc[:, :, None])
+    c_hi, r_hi = e2m1_round(x_hi * enc[:, :, None])
+    six_e = tl.full(x_lo.shape, 1536.0, tl.float32)
+    d_lo = tl.div_rn((e2m1_value(c_lo) * sf[:, :, None]) * amax[:, None, None], six_e)
+    d_hi = tl.div_rn((e2m1_value(c_hi) * sf[:, :, None]) * amax[:, None, None], six_e)
+    if MSE:
+        spec = _sum16_in_order((d_lo - x_lo) * (d_lo - x_lo), (d_hi - x_hi) * (d_hi - x_hi))
+    else:
+        spec = _sum16_in_order(tl.abs(d_lo - x_lo), tl.abs(d_hi - x_hi))
+    b1, b15 = _fast_terms(sf, amax, 1536.0)
+    ok = _fast_rows(amax, amax == amax, 1536.0)
+    tl.store(spec_ptr + blocks[:, None], spec)
+    tl.store(exact_ptr + blocks[:, None], _error_exact(r_lo, r_hi, x_lo, x_hi, sf, amax, 1536.0, MSE))
+    tl.store(fast_ptr + blocks[:, None], _error_fast(r_lo, r_hi, x_lo, x_hi, b1, b15, MSE))
+    tl.store(ok_ptr + blocks, ok.to(tl.int8))
 
 
 def _run_e2m1(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,10 +116,11 @@ def _e4m3_values() -> torch.Tensor:
 
 
 @pytest.mark.parametrize("metric", ["mse", "mae"])
-def test_fast_four_over_six_error_equals_the_spec_form_where_it_claims_to(metric):
+def test_four_over_six_error_forms_equal_the_spec_form(metric):
     """Blocks with every E4M3 scale, amax log-uniform over all of float32 (plus its edges), encode scales
-    around and far from the one the scale implies, and elements of every magnitude: wherever the fast
-    form's flag is set, its error has the same bits as the spec's; and the flag is set on ordinary data."""
+    around and far from the one the scale implies, and elements of every magnitude: the per-magnitude form
+    always, and the fast form wherever its row flag is set, give the spec's error bits; the flag is set on
+    rows of ordinary magnitude."""
     gen = torch.Generator().manual_seed(1)
     sf = _e4m3_values().repeat(64)
     n = sf.numel()
@@ -114,16 +133,18 @@ def test_fast_four_over_six_error_equals_the_spec_form_where_it_claims_to(metric
     x = torch.randn(n, 16, generator=gen) * (sf * g).clamp(min=2.0**-149).unsqueeze(-1) * 4.0
     x[::7] = heavy_tailed((len(x[::7]), 16), 3) * amax[::7].unsqueeze(-1) / 8
     x = torch.nan_to_num(x, posinf=0.0, neginf=0.0)
-    exact, fast = torch.empty(n, device=DEVICE), torch.empty(n, device=DEVICE)
+    spec, exact, fast = (torch.empty(n, device=DEVICE) for _ in range(3))
     ok = torch.empty(n, dtype=torch.int8, device=DEVICE)
     _error_probe[(n // 64,)](
-        x.to(DEVICE), enc.to(DEVICE), sf.to(DEVICE), amax.to(DEVICE), exact, fast, ok,
+        x.to(DEVICE), enc.to(DEVICE), sf.to(DEVICE), amax.to(DEVICE), spec, exact, fast, ok,
         MSE=metric == "mse", NB=64, enable_fp_fusion=False,
     )  # fmt: skip
     ok = ok.cpu().bool()
-    assert_same_bits(exact.cpu()[ok], fast.cpu()[ok], "fast 4/6 error")
-    ordinary = (amax > 2.0**-60) & (amax < 2.0**60) & (sf > 0)
-    assert ok[ordinary].all(), "the fast form should cover every block of ordinary magnitude"
+    assert_same_bits(spec.cpu(), exact.cpu(), "per-magnitude 4/6 error")
+    assert_same_bits(spec.cpu()[ok], fast.cpu()[ok], "fast 4/6 error")
+    ordinary = (amax > 2.0**-90) & (amax < 2.0**100)
+    assert ok[ordinary].all(), "the fast form should cover every row of ordinary magnitude"
+    assert not ok[(amax > 0) & (amax < 2.0**-120)].any(), "rows this small must take the exact form"
 
 
 @pytest.mark.gpu
