@@ -1,10 +1,11 @@
 """The NVFP4 quantise kernel's own arithmetic against the spec's definitions (docs/design.md §2.1, §2.3).
 
 The kernel rounds to E2M1 with a magic-number add instead of seven threshold compares, and computes the
-4/6 error's per-element ``d`` from two per-block divisions instead of one division per element
-(kernels/gpu/nvfp4_quantize.py proves both). These tests run the kernel's own ``@triton.jit`` functions
-through probe kernels — under the Triton interpreter on the CPU, compiled on a GPU — on every float32
-near the E2M1 grid, and on blocks spanning the whole float32 range of scales and amax.
+4/6 error's per-element ``d`` once per grid magnitude or from two per-block divisions instead of one
+division per element (kernels/gpu/nvfp4_quantize.py and nvfp4_four_over_six.py prove them). These tests
+run the kernel's own ``@triton.jit`` functions through probe kernels — under the Triton interpreter on the
+CPU, compiled on a GPU — on every float32 near the E2M1 grid, and on blocks spanning the whole float32
+range of scales and amax.
 """
 
 import numpy as np
@@ -19,15 +20,14 @@ triton = pytest.importorskip("triton", reason="the triton package is not install
 import triton.language as tl  # noqa: E402  (after the skip)
 
 from nibble.kernels.gpu import nvfp4 as gpu_nvfp4  # noqa: E402
-from nibble.kernels.gpu.nvfp4_quantize import (  # noqa: E402
-    _error_exact,
-    _error_fast,
-    _fast_rows,
-    _fast_terms,
-    _sum16_in_order,
-    e2m1_round,
-    e2m1_value,
+from nibble.kernels.gpu.nvfp4_four_over_six import (  # noqa: E402
+    block_error_exact,
+    block_error_fast,
+    fast_rows,
+    fast_terms,
+    sum16_in_order,
 )
+from nibble.kernels.gpu.nvfp4_quantize import e2m1_round, e2m1_value  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PROBE = 1 << 16
@@ -62,14 +62,14 @@ def _error_probe(
     d_lo = tl.div_rn((e2m1_value(c_lo) * sf[:, :, None]) * amax[:, None, None], six_e)
     d_hi = tl.div_rn((e2m1_value(c_hi) * sf[:, :, None]) * amax[:, None, None], six_e)
     if MSE:
-        spec = _sum16_in_order((d_lo - x_lo) * (d_lo - x_lo), (d_hi - x_hi) * (d_hi - x_hi))
+        spec = sum16_in_order((d_lo - x_lo) * (d_lo - x_lo), (d_hi - x_hi) * (d_hi - x_hi))
     else:
-        spec = _sum16_in_order(tl.abs(d_lo - x_lo), tl.abs(d_hi - x_hi))
-    b1, b15 = _fast_terms(sf, amax, 1536.0)
-    ok = _fast_rows(amax, amax == amax, 1536.0)
+        spec = sum16_in_order(tl.abs(d_lo - x_lo), tl.abs(d_hi - x_hi))
+    b1, b15 = fast_terms(sf, amax, 1536.0)
+    ok = fast_rows(amax, amax == amax, 1536.0)
     tl.store(spec_ptr + blocks[:, None], spec)
-    tl.store(exact_ptr + blocks[:, None], _error_exact(r_lo, r_hi, x_lo, x_hi, sf, amax, 1536.0, MSE))
-    tl.store(fast_ptr + blocks[:, None], _error_fast(r_lo, r_hi, x_lo, x_hi, b1, b15, MSE))
+    tl.store(exact_ptr + blocks[:, None], block_error_exact(r_lo, r_hi, x_lo, x_hi, sf, amax, 1536.0, MSE))
+    tl.store(fast_ptr + blocks[:, None], block_error_fast(r_lo, r_hi, x_lo, x_hi, b1, b15, MSE))
     tl.store(ok_ptr + blocks, ok.to(tl.int8))
 
 
