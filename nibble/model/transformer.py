@@ -53,16 +53,19 @@ class MoETransformer(nn.Module):
         positions: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
         attention_mask: torch.Tensor | None = None,
+        logits_from: int = 0,
     ) -> torch.Tensor:
-        """Logits for every position.
+        """Logits for every position from ``logits_from`` on.
 
         Args:
             input_ids: int64 ``[B, T]``.
             positions: int64 ``[B, T]`` RoPE positions; default ``arange`` continuing the cache.
             kv_cache: append this chunk's keys/values and attend to everything cached before it.
             attention_mask: bool ``[B, T]``, False for padding tokens (they are never attended to).
+            logits_from: first position whose logits are wanted (the LM head, row-invariant, skips the
+                others: a scorer needs only the response's).
         Returns:
-            float32 ``[B, T, vocab_size]``.
+            float32 ``[B, T - logits_from, vocab_size]``.
         Raises:
             ValueError: a position at or beyond ``max_position_embeddings``, or a token id outside the vocab.
         """
@@ -73,7 +76,7 @@ class MoETransformer(nn.Module):
         self._check_inputs(input_ids, positions)
         valid = attention_mask if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
         mask = self._attention_mask(valid, kv_cache)
-        logits = self.forward_masked(input_ids, positions, mask, kv_cache)
+        logits = self.forward_masked(input_ids, positions, mask, kv_cache, logits_from)
         if kv_cache is not None:
             kv_cache.advance(t)
         return logits
@@ -84,6 +87,7 @@ class MoETransformer(nn.Module):
         positions: torch.Tensor,
         mask: AttentionMask,
         kv_cache: KVCache | StaticKVCache | None = None,
+        logits_from: int = 0,
     ) -> torch.Tensor:
         """:meth:`forward` from a ready attention mask, without its input checks (they read values back to
         the host): the decode step that :class:`~nibble.model.graph_decode.GraphDecoder` captures.
@@ -94,8 +98,9 @@ class MoETransformer(nn.Module):
             mask: which keys each query attends to, over the ``S`` keys the cache's ``update`` returns
                 (``T`` without a cache).
             kv_cache: written at this chunk's positions; not advanced.
+            logits_from: as in :meth:`forward`.
         Returns:
-            float32 ``[B, T, vocab_size]``.
+            float32 ``[B, T - logits_from, vocab_size]``.
         """
         cd = self.plan.torch_compute_dtype
         x = F.embedding(input_ids, bf16_operand(self.model.embed_tokens.weight, self.plan)).to(cd)
@@ -106,7 +111,7 @@ class MoETransformer(nn.Module):
         cos, sin = rotary(positions, inv_freq, scale)
         for layer in self.model.layers:
             x = layer(x, cos, sin, mask, kv_cache)
-        return self.lm_head(self.model.norm(x)).to(torch.float32)
+        return self.lm_head(self.model.norm(x[:, logits_from:])).to(torch.float32)
 
     def _check_inputs(self, input_ids: torch.Tensor, positions: torch.Tensor) -> None:
         if positions.numel() and int(positions.max()) >= self.config.max_position_embeddings:
