@@ -16,8 +16,10 @@ per-element work is kept to a few instructions:
 - A packed byte holds elements ``2j`` (low nibble) and ``2j + 1`` (high nibble); the kernel never
   interleaves them: it contracts the even activation elements against the low nibbles and the odd ones
   against the high nibbles (two products into one accumulator).
-- Weight codes are loaded as ``[BLOCK_N, BLOCK_K / 16, 8]``: the 8 bytes of one 16-element block are one
-  thread's contiguous load and share one block scale, loaded and decoded once per block and broadcast.
+- Weight codes are loaded as ``[BLOCK_N, BLOCK_K / 16, 8]`` (8 bytes of one 16-element block share one block
+  scale, decoded once and broadcast) and contracted in the order :func:`_mma_order` gives, which hands each
+  thread of the tensor-core operand contiguous bytes of two blocks (wide loads, four bytes per decode, no
+  shuffles after the decode); the activations are read in the same order.
 - A nibble becomes a float16 by placing its three magnitude bits under the float16 exponent
   (``(c & 7) << 9``, a float16 subnormal for magnitude 1) and its sign bit on the sign: that float16 is
   exactly ``e2m1_value(c) * 2^-14``. ``ASM_DECODE`` does this for four bytes (eight nibbles) per inline-PTX
@@ -38,50 +40,54 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .nvfp4_quantize import e4m3_decode
-
 # Eight nibbles of four packed bytes ($4) to float16 ``e2m1 * 2^-14`` on 16-bit lanes, times the block scale
-# (f16x2 pairs $5, $6): bytes 0, 1 and 2, 3 are spread to lane pairs by prmt (selector 4 reads the zero
-# register), then the magnitude bits go under the exponent and the sign bit on the sign, as _e2m1_f16.
+# (f16x2 pairs $5, $6), as _e2m1_f16 does one at a time: prmt spreads bytes 0, 1 and 2, 3 over lane pairs
+# (selector 4 reads the zero register); per lane the nibble n (sign in bit 3), shifted by 9 and by 12, has
+# its magnitude bits on 9-11 and its sign on 15, which lop3 keeps ((t | u) & 0x8E00: LUT 0xA8).
 # Outputs: low nibbles of elements 0-1, 2-3 ($0, $1), high nibbles ($2, $3).
-_DECODE_PTX = """
+_DECODE_PTX = tl.constexpr("""
 {
-.reg .b32 z, c01, c23, t, u;
+.reg .b32 z, k, c01, c23, n, t, u;
 mov.b32 z, 0;
+mov.b32 k, 0x8E008E00;
 prmt.b32 c01, $4, z, 0x4140;
 prmt.b32 c23, $4, z, 0x4342;
-shl.b32 t, c01, 9;
-and.b32 t, t, 0x0E000E00;
-shl.b32 u, c01, 12;
-and.b32 u, u, 0x80008000;
-or.b32 t, t, u;
+and.b32 n, c01, 0x000F000F;
+shl.b32 t, n, 9;
+shl.b32 u, n, 12;
+lop3.b32 t, t, u, k, 0xA8;
 mul.rn.f16x2 $0, t, $5;
-shl.b32 t, c23, 9;
-and.b32 t, t, 0x0E000E00;
-shl.b32 u, c23, 12;
-and.b32 u, u, 0x80008000;
-or.b32 t, t, u;
+and.b32 n, c23, 0x000F000F;
+shl.b32 t, n, 9;
+shl.b32 u, n, 12;
+lop3.b32 t, t, u, k, 0xA8;
 mul.rn.f16x2 $1, t, $6;
-shl.b32 t, c01, 5;
-and.b32 t, t, 0x0E000E00;
-shl.b32 u, c01, 8;
-and.b32 u, u, 0x80008000;
-or.b32 t, t, u;
+and.b32 n, c01, 0x00F000F0;
+shl.b32 t, n, 5;
+shl.b32 u, n, 8;
+lop3.b32 t, t, u, k, 0xA8;
 mul.rn.f16x2 $2, t, $5;
-shl.b32 t, c23, 5;
-and.b32 t, t, 0x0E000E00;
-shl.b32 u, c23, 8;
-and.b32 u, u, 0x80008000;
-or.b32 t, t, u;
+and.b32 n, c23, 0x00F000F0;
+shl.b32 t, n, 5;
+shl.b32 u, n, 8;
+lop3.b32 t, t, u, k, 0xA8;
 mul.rn.f16x2 $3, t, $6;
 }
-"""
+""")
 
 
 @triton.jit
 def _e2m1_f16(nibble):
     """float16 ``e2m1_value * 2^-14`` of the E2M1 code in the low 4 bits of int32 ``nibble``."""
     return (((nibble & 7) << 9) | ((nibble & 8) << 12)).to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _e4m3_f16(byte):
+    """float16 value of a non-negative E4M3 byte (uint8): its exponent and mantissa bits under float16's give
+    ``value * 2^-8`` (normal and subnormal alike: both formats' subnormals are mantissa times their minimum
+    normal), and the product by 2^8 is exact."""
+    return ((byte.to(tl.int16) & 0x7F) << 7).to(tl.float16, bitcast=True) * 256.0
 
 
 @triton.jit
@@ -99,6 +105,21 @@ def decode_weights(packed, scale, ASM_DECODE: tl.constexpr):
         low = _e2m1_f16(c) * scale
         high = _e2m1_f16(c >> 4) * scale
     return low, high
+
+
+@triton.jit
+def _mma_order(tile, ROWS: tl.constexpr, HALF: tl.constexpr):
+    """``tile [ROWS, HALF / 8, 8]`` (packed bytes in memory order along K) as ``[ROWS, HALF]`` in the order
+    that puts a thread's tensor-core operand elements on contiguous bytes.
+
+    A Hopper/Ampere f16 MMA operand gives lane ``t`` (of 4 per row) K positions ``2t, 2t + 1, 2t + 8, 2t + 9``
+    of every 16; placing memory byte ``t*4C + c*4 + h*2 + e`` at position ``c*16 + h*8 + t*2 + e`` (``C =
+    HALF / 16``) hands each lane ``4C`` consecutive bytes (wide loads, four bytes per decode, two block
+    scales instead of ``HALF / 8``). The sum over K is the same set of products in a fixed order, so this
+    changes no row's result with M; the activations are read in the same order."""
+    C: tl.constexpr = HALF // 16
+    t = tl.reshape(tile, (ROWS, 4, C, 2, 2))
+    return tl.reshape(tl.permute(t, (0, 2, 3, 1, 4)), (ROWS, HALF))
 
 
 @triton.jit
@@ -170,30 +191,31 @@ def nvfp4_gemm_kernel(
     CHUNK: tl.constexpr = (K + SPLIT_K * BLOCK_K - 1) // (SPLIT_K * BLOCK_K) * GROUPS  # blocks per split
     group = tl.arange(0, GROUPS)
     byte = tl.arange(0, 8)
-    pairs = tl.arange(0, HALF)
+    kk = tl.arange(0, HALF)  # contraction position -> packed byte of the step, as _mma_order places them
+    mma_pairs = (kk // 2 % 4) * (HALF // 4) + (kk // 16) * 4 + (kk // 8 % 2) * 2 + kk % 2
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for step in tl.range(0, CHUNK, GROUPS):
         blk = pid_k * CHUNK + step + group  # 16-element block index along K
         blk_ok = blk < BLOCKS
         w_mask = col_ok[:, None] & blk_ok[None, :]
         scale_byte = tl.load(w_scales_ptr + w_rows[:, None] * BLOCKS + blk[None, :], mask=w_mask, other=0)
-        scale = e4m3_decode(scale_byte).to(tl.float16)  # exact: every E4M3 value is a float16
+        scale = _e4m3_f16(scale_byte)  # exact: every E4M3 value is a float16
         packed = tl.load(
             w_codes_ptr + (w_rows[:, None] * PAIRS + blk[None, :] * 8)[:, :, None] + byte[None, None, :],
             mask=w_mask[:, :, None],
             other=0,
         )
         low, high = decode_weights(packed, scale[:, :, None], ASM_DECODE)
-        w_low = tl.reshape(low, (BLOCK_N, HALF)).to(DOT_DTYPE)
-        w_high = tl.reshape(high, (BLOCK_N, HALF)).to(DOT_DTYPE)
-        # activation element 2p (even) meets the low nibble of packed byte p, 2p + 1 the high one
-        p = (pid_k * CHUNK + step) * 8 + pairs
-        x_offs = x_rows[None, :] * K + 2 * p[:, None]
-        x_mask = (p < PAIRS)[:, None] & row_ok[None, :]
-        x_even = tl.load(x_ptr + x_offs, mask=x_mask, other=0.0)
-        x_odd = tl.load(x_ptr + x_offs + 1, mask=x_mask, other=0.0)
-        acc = tl.dot(w_low, x_even, acc)
-        acc = tl.dot(w_high, x_odd, acc)
+        w_low = _mma_order(low, BLOCK_N, HALF).to(DOT_DTYPE)
+        w_high = _mma_order(high, BLOCK_N, HALF).to(DOT_DTYPE)
+        # activation element 2p (even) meets the low nibble of packed byte p, 2p + 1 the high one, at the
+        # contraction positions _mma_order gave byte p ([BLOCK_M, BLOCK_K] loaded, split in even and odd)
+        p = (pid_k * CHUNK + step) * 8 + mma_pairs
+        x_offs = (x_rows[:, None] * K + 2 * p[None, :])[:, :, None] + tl.arange(0, 2)[None, None, :]
+        x_mask = (row_ok[:, None] & (p < PAIRS)[None, :])[:, :, None]
+        x_even, x_odd = tl.split(tl.load(x_ptr + x_offs, mask=x_mask, other=0.0))
+        acc = tl.dot(w_low, tl.trans(x_even), acc)
+        acc = tl.dot(w_high, tl.trans(x_odd), acc)
 
     gx = tl.load(x_g_ptr + x_rows, mask=row_ok, other=0.0)
     gw = tl.load(w_g_ptr + expert)
