@@ -18,17 +18,20 @@ from .row_invariance import row_tile, split_k
 @dataclass(frozen=True)
 class Variant:
     """One compiled form of the packed GEMM: weight rows per program (``block_n``, which also sets the split
-    of K), K per step (``block_k``), software-pipeline depth and the nibble decoder (inline PTX or
-    pure Triton). ``block_n`` and ``block_k`` set a row's summation order; ``stages`` and ``asm`` do not."""
+    of K), K per step (``block_k``), software-pipeline depth, the nibble decoder (inline PTX or pure Triton)
+    and a floor on the warps per program. ``block_n`` and ``block_k`` set a row's summation order; the
+    others should not (the GPU tests and the benchmark check each variant's rows across row counts)."""
 
     block_n: int
     block_k: int
     stages: int
     asm: bool
+    warps: int | None = None  # at least this many warps per program (the row tile's otherwise)
 
     @property
     def name(self) -> str:
-        return f"n{self.block_n}_k{self.block_k}_s{self.stages}_{'asm' if self.asm else 'triton'}"
+        warps = f"_w{self.warps}" if self.warps else ""
+        return f"n{self.block_n}_k{self.block_k}_s{self.stages}{warps}_{'asm' if self.asm else 'triton'}"
 
 
 # Row invariance (:mod:`.row_invariance`): a weight shape always runs one variant, whatever the row count;
@@ -41,6 +44,7 @@ VARIANTS = (
     *(Variant(block_n, 128, 4, asm) for block_n in (64, 128) for asm in (True, False)),
     *(Variant(64, 256, 3, asm) for asm in (True, False)),  # 4 stages of 256 overflow shared memory at BLOCK_M 128
     Variant(128, 128, 3, True),
+    Variant(128, 128, 4, True, warps=8),  # two warpgroups share the weight rows at every row count
 )
 DEFAULT_VARIANT = Variant(128, 128, 4, False)
 SHAPE_VARIANT: dict[tuple[int, int], Variant] = {}
@@ -84,7 +88,7 @@ def _launch(
     tiling = {"BLOCK_N": v.block_n, "BLOCK_K": v.block_k, "ASM_DECODE": v.asm}
     if cuda:
         nvfp4_gemm_kernel[grid](
-            *args, **constexprs, SPLIT_K=split, **tiling, num_stages=v.stages, num_warps=num_warps,
+            *args, **constexprs, SPLIT_K=split, **tiling, num_stages=v.stages, num_warps=max(num_warps, v.warps or 0),
             DOT_DTYPE=tl.float16, enable_fp_fusion=False,
         )  # fmt: skip
     else:
