@@ -234,7 +234,9 @@ def split_sum_kernel(parts_ptr, out_ptr, NUMEL, SPLIT_K: tl.constexpr, BLOCK: tl
     split order (the order :func:`.row_invariance.sum_in_split_order` fixes), cast to ``out``'s dtype."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < NUMEL
-    total = tl.load(parts_ptr + offs, mask=ok, other=0.0)
-    for s in tl.static_range(1, SPLIT_K):
-        total += tl.load(parts_ptr + s * NUMEL + offs, mask=ok, other=0.0)
+    part = parts_ptr + offs
+    total = tl.load(part, mask=ok, other=0.0)
+    for _ in tl.static_range(1, SPLIT_K):
+        part += NUMEL  # 64-bit pointer steps: SPLIT_K * NUMEL may pass 2^31
+        total += tl.load(part, mask=ok, other=0.0)
     tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=ok)
