@@ -23,8 +23,9 @@ per-element work is kept to a few instructions:
 - A nibble becomes a float16 by placing its three magnitude bits under the float16 exponent
   (``(c & 7) << 9``, a float16 subnormal for magnitude 1) and its sign bit on the sign: that float16 is
   exactly ``e2m1_value(c) * 2^-14``. ``ASM_DECODE`` does this for four bytes (eight nibbles) per inline-PTX
-  block on 16-bit lane pairs and multiplies by the scale with ``mul.f16x2``; the pure-Triton form gives the
-  same bits (a GPU test checks) and is the one the Triton interpreter, which cannot run PTX, executes.
+  block with byte-parallel bit operations and multiplies by the scale with ``mul.f16x2``; the pure-Triton
+  form gives the same bits (a GPU test checks) and is the one the Triton interpreter, which cannot run PTX,
+  executes.
 
 At decode sizes the weight's column tiles give too few programs to keep the GPU's memory system busy, so K
 may be split over ``SPLIT_K`` programs, each writing float32 partial sums to its own slice of a workspace
@@ -40,37 +41,31 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-# Eight nibbles of four packed bytes ($4) to float16 ``e2m1 * 2^-14`` on 16-bit lanes, times the block scale
-# (f16x2 pairs $5, $6), as _e2m1_f16 does one at a time: prmt spreads bytes 0, 1 and 2, 3 over lane pairs
-# (selector 4 reads the zero register); per lane the nibble n (sign in bit 3), shifted by 9 and by 12, has
-# its magnitude bits on 9-11 and its sign on 15, which lop3 keeps ((t | u) & 0x8E00: LUT 0xA8).
-# Outputs: low nibbles of elements 0-1, 2-3 ($0, $1), high nibbles ($2, $3).
+# Eight nibbles of four packed bytes ($4) to float16 ``e2m1 * 2^-14`` times the block scale (f16x2 pairs $5,
+# $6), as _e2m1_f16 does one at a time. That float16's low byte is zero and its high byte is the nibble n's
+# magnitude bits shifted up by one with the sign on bit 7, so all four bytes' high bytes come from one
+# masked pair of shifts and a lop3 ((a | b) & 0x8E per byte: LUT 0xA8), and prmt places them over zero low
+# bytes (selector 4 reads the zero register). Outputs: low nibbles of elements 0-1, 2-3 ($0, $1), high
+# nibbles ($2, $3).
 _DECODE_PTX = tl.constexpr("""
 {
-.reg .b32 z, k, c01, c23, n, t, u;
+.reg .b32 z, k, n, t, u;
 mov.b32 z, 0;
-mov.b32 k, 0x8E008E00;
-prmt.b32 c01, $4, z, 0x4140;
-prmt.b32 c23, $4, z, 0x4342;
-and.b32 n, c01, 0x000F000F;
-shl.b32 t, n, 9;
-shl.b32 u, n, 12;
-lop3.b32 t, t, u, k, 0xA8;
+mov.b32 k, 0x8E8E8E8E;
+and.b32 n, $4, 0x0F0F0F0F;
+shl.b32 t, n, 1;
+shl.b32 u, n, 4;
+lop3.b32 n, t, u, k, 0xA8;
+prmt.b32 t, n, z, 0x1404;
 mul.rn.f16x2 $0, t, $5;
-and.b32 n, c23, 0x000F000F;
-shl.b32 t, n, 9;
-shl.b32 u, n, 12;
-lop3.b32 t, t, u, k, 0xA8;
+prmt.b32 t, n, z, 0x3424;
 mul.rn.f16x2 $1, t, $6;
-and.b32 n, c01, 0x00F000F0;
-shl.b32 t, n, 5;
-shl.b32 u, n, 8;
-lop3.b32 t, t, u, k, 0xA8;
+and.b32 u, $4, 0xF0F0F0F0;
+shr.b32 t, u, 3;
+lop3.b32 n, t, u, k, 0xA8;
+prmt.b32 t, n, z, 0x1404;
 mul.rn.f16x2 $2, t, $5;
-and.b32 n, c23, 0x00F000F0;
-shl.b32 t, n, 5;
-shl.b32 u, n, 8;
-lop3.b32 t, t, u, k, 0xA8;
+prmt.b32 t, n, z, 0x3424;
 mul.rn.f16x2 $3, t, $6;
 }
 """)
