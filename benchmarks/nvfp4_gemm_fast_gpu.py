@@ -53,15 +53,21 @@ def _check(qx_all, qw, ref, variant) -> dict:
     """Compile/run ``variant``; its error at the largest M and whether every smaller M gives the same rows."""
     try:
         full = gpu_gemm.packed_matmul(qx_all, qw, torch.float32, variant=variant)
+        same = {
+            m: bool(
+                torch.equal(gpu_gemm.packed_matmul(_slice(qx_all, m), qw, torch.float32, variant=variant), full[:m])
+            )
+            for m in M_VALUES
+        }
         torch.cuda.synchronize()
     except Exception as err:  # a variant that does not compile is a result, not a stop
-        return {"error": f"{type(err).__name__}: {str(err)[:400]}"}
+        return {"error": _error(err)}
     rel = float((full.double() - ref).norm() / ref.norm())
-    same = {
-        m: bool(torch.equal(gpu_gemm.packed_matmul(_slice(qx_all, m), qw, torch.float32, variant=variant), full[:m]))
-        for m in M_VALUES
-    }
     return {"rel_frobenius_vs_float64": rel, "rows_identical_across_m": all(same.values()), "identical_by_m": same}
+
+
+def _error(err: Exception) -> str:
+    return f"{type(err).__name__}: {str(err)[:400]}"
 
 
 def bench_shape(n: int, k: int, old: dict) -> dict:
@@ -101,12 +107,19 @@ def bench_shape(n: int, k: int, old: dict) -> dict:
             entry = result["variants"][variant.name]
             if "error" in entry:
                 continue
-            t = graph_time(
-                lambda i, qx=qx, v=variant: gpu_gemm.packed_matmul(qx, qws[i], torch.bfloat16, variant=v),
-                len(qws),
-                iters,
-            )
+            try:
+                t = graph_time(
+                    lambda i, qx=qx, v=variant: gpu_gemm.packed_matmul(qx, qws[i], torch.bfloat16, variant=v),
+                    len(qws),
+                    iters,
+                )
+            except Exception as err:  # recorded; the other variants go on
+                entry["by_m"][m] = {"error": _error(err)}
+                line += f" | {variant.name} FAILED"
+                continue
             entry["by_m"][m] = {**t, "speedup_vs_bf16": bf16["graph_s"] / t["graph_s"]}
+            if m in result["old_kernel_recorded"]:
+                entry["by_m"][m]["speedup_vs_old_recorded"] = result["old_kernel_recorded"][m] / t["graph_s"]
             line += f" | {variant.name} {t['graph_s'] * 1e6:7.1f} x{entry['by_m'][m]['speedup_vs_bf16']:.2f}"
         print(line, flush=True)
     result["row_tiles"] = {m: row_invariance.row_tile(m, torch.device("cuda")) for m in M_VALUES}
@@ -120,7 +133,10 @@ def _fastest(variants: dict) -> str | None:
     ok = {
         name: sum(r["graph_s"] for m, r in v["by_m"].items() if m <= DECODE_M)
         for name, v in variants.items()
-        if "error" not in v and v["rows_identical_across_m"] and v["rel_frobenius_vs_float64"] < 1e-4
+        if "error" not in v
+        and v["rows_identical_across_m"]
+        and v["rel_frobenius_vs_float64"] < 1e-4
+        and not any("error" in r for r in v["by_m"].values())
     }
     return min(ok, key=ok.get) if ok else None
 
