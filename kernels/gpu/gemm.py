@@ -125,10 +125,18 @@ def _flat(t: NVFP4Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     )
 
 
+_UNIT_SCALE: dict[torch.device, torch.Tensor] = {}
+
+
 def _unscaled(t: NVFP4Tensor) -> NVFP4Tensor:
-    """The same codes and block scales with unit global scales (decoded exactly in bf16)."""
-    ones = torch.ones_like(t.global_scale, dtype=torch.float32)
-    return NVFP4Tensor(t.codes, t.block_scales, ones, t.four_over_six, t.shape)
+    """The same codes and block scales with a unit global scale (decoded exactly in bf16)."""
+    one = _UNIT_SCALE.get(t.codes.device)
+    if one is None:
+        one = torch.ones((), dtype=torch.float32, device=t.codes.device)
+        # one fill kernel less per product; never cache a tensor that a graph being captured would fill
+        if not (t.codes.is_cuda and torch.cuda.is_current_stream_capturing()):
+            _UNIT_SCALE[t.codes.device] = one
+    return NVFP4Tensor(t.codes, t.block_scales, one, t.four_over_six, t.shape)
 
 
 def matmul(qx: NVFP4Tensor, qw: NVFP4Tensor, out_dtype: torch.dtype) -> torch.Tensor:
