@@ -27,11 +27,13 @@ class Variant:
     stages: int
     asm: bool
     warps: int | None = None  # at least this many warps per program (the row tile's otherwise)
+    planar_from: int | None = None  # from this many rows per weight matrix, activations copied planar
 
     @property
     def name(self) -> str:
         warps = f"_w{self.warps}" if self.warps else ""
-        return f"n{self.block_n}_k{self.block_k}_s{self.stages}{warps}_{'asm' if self.asm else 'triton'}"
+        planar = f"_p{self.planar_from}" if self.planar_from else ""
+        return f"n{self.block_n}_k{self.block_k}_s{self.stages}{warps}{planar}_{'asm' if self.asm else 'triton'}"
 
 
 # Row invariance (:mod:`.row_invariance`): a weight shape always runs one variant, whatever the row count;
@@ -47,6 +49,7 @@ VARIANTS = (
     Variant(64, 256, 3, True),  # 4 stages of 256 overflow shared memory at BLOCK_M 128
     Variant(128, 128, 3, True),
     Variant(128, 128, 4, True, warps=8),  # two warpgroups share the weight rows at every row count
+    Variant(128, 128, 4, True, planar_from=128),  # the activation copy pays off with many rows (same bits)
 )
 DEFAULT_VARIANT = Variant(128, 128, 4, False)
 SHAPE_VARIANT: dict[tuple[int, int], Variant] = {}
@@ -75,19 +78,18 @@ def _launch(
     tiles,
     rows,
     num_warps: int,
-    variant: Variant | None,
+    v: Variant,
     **constexprs,
 ):
-    """Run the kernel into ``out`` ``[rows, n]``, through a float32 split-K workspace when K is split."""
+    """Run the kernel into ``out`` ``[rows, n]``, through a float32 split-K workspace when K is split.
+    ``x``: the activations as :func:`_operand` laid them out for ``v``."""
     cuda = x.is_cuda
-    v = variant or variant_for(n, k, x.device)
-    if v.asm and not cuda:
-        raise ValueError("the inline-PTX decode runs on CUDA only (the Triton interpreter cannot run PTX)")
     split = split_k(triton.cdiv(n, v.block_n), k, x.device)
     target = out if split == 1 else torch.empty((split, rows, n), dtype=torch.float32, device=out.device)
-    args = (x, xg, x_rows, w_codes, w_scales, wg, target, *tiles, rows, n, k)
+    planar = x.dim() == 3
+    args = (x, xg, x_rows, w_codes, w_scales, wg, target, *tiles, x[0].numel() if planar else 0, rows, n, k)
     grid = (m_tiles, triton.cdiv(n, v.block_n), split)
-    tiling = {"BLOCK_N": v.block_n, "BLOCK_K": v.block_k, "ASM_DECODE": v.asm}
+    tiling = {"BLOCK_N": v.block_n, "BLOCK_K": v.block_k, "ASM_DECODE": v.asm, "X_PLANAR": planar}
     if cuda:
         nvfp4_gemm_kernel[grid](
             *args, **constexprs, SPLIT_K=split, **tiling, num_stages=v.stages, num_warps=max(num_warps, v.warps or 0),
@@ -114,10 +116,31 @@ def _decoded_activations(qx: NVFP4Tensor, dtype: torch.dtype) -> tuple[torch.Ten
     return dequantize(_unscaled(qx), dtype), g
 
 
-def _operand(qx: NVFP4Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The packed kernel's activation operand ``[M, K]`` (float16 on GPUs, float32 in the interpreter; the
-    kernel reads its even and odd elements in place) and the per-row global scales ``[M]``."""
-    return _decoded_activations(qx, torch.float16 if qx.codes.is_cuda else torch.float32)
+def _resolve(variant: Variant | None, n: int, k: int, device: torch.device) -> Variant:
+    v = variant or variant_for(n, k, device)
+    if v.asm and device.type != "cuda":
+        raise ValueError("the inline-PTX decode runs on CUDA only (the Triton interpreter cannot run PTX)")
+    return v
+
+
+def _operand(qx: NVFP4Tensor, v: Variant, rows_per_matrix: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The packed kernel's activation operand (float16 on GPUs, float32 in the interpreter) and the per-row
+    global scales ``[M]``. The operand is the decoded ``[M, K]``, whose even and odd elements the kernel
+    reads in place, or from ``v.planar_from`` rows per weight matrix on, two planes ``[2, M, K' / 2]``
+    (even, odd elements; K zero-padded to a multiple of ``v.block_k``) in the kernel's contraction order
+    (``nvfp4_gemm._mma_order``), which it loads as contiguous rows: the same values at the same contraction
+    positions, so the same bits, for one copy."""
+    x, g = _decoded_activations(qx, torch.float16 if qx.codes.is_cuda else torch.float32)
+    if v.planar_from is None or rows_per_matrix < v.planar_from:
+        return x, g
+    t, k = x.shape
+    padded = triton.cdiv(k, v.block_k) * v.block_k
+    if padded != k:
+        x = torch.nn.functional.pad(x, (0, padded - k))
+    # element 2 * (t'*4C + c*4 + h*2 + e) + parity of each step, C = block_k / 32, to plane parity at
+    # position c*16 + h*8 + t'*2 + e
+    steps = x.view(t, padded // v.block_k, 4, v.block_k // 32, 2, 2, 2)
+    return steps.permute(6, 0, 1, 3, 4, 2, 5).reshape(2, t, padded // 2), g
 
 
 def _flat(t: NVFP4Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,14 +191,15 @@ def packed_matmul(
     out = torch.empty((m, n), dtype=out_dtype, device=qx.device)
     if m == 0:
         return out
-    x, xg = _operand(qx)
+    v = _resolve(variant, n, k, qx.device)
+    x, xg = _operand(qx, v, m)
     block_m, num_warps = tile or row_tile(m, qx.device)
     w_codes, w_scales = _flat(qw)
     wg = qw.global_scale.reshape(1).to(torch.float32)
     unused = xg  # the grouped-only pointers
     _launch(
         triton.cdiv(m, block_m), n, k, out, x, xg, unused, w_codes, w_scales, wg, (unused,) * 4, m, num_warps,
-        variant, GROUPED=False, GATHER_X=False, BLOCK_M=block_m,
+        v, GROUPED=False, GATHER_X=False, BLOCK_M=block_m,
     )  # fmt: skip
     return out
 
@@ -215,14 +239,15 @@ def grouped_matmul(
         return out
     block_m, num_warps = row_tile(r / num_experts, qx.device)
     tile_expert, tile_start, tile_end, num_tiles, max_tiles = _tiles(experts, num_experts, block_m)
-    x, xg = _operand(qx)
+    v = _resolve(None, n, k, qx.device)
+    x, xg = _operand(qx, v, r / num_experts)
     w_codes, w_scales = _flat(qw)
     gather = x_rows is not None
     rows_index = x_rows if gather else tile_start
     wg = qw.global_scale.to(torch.float32).contiguous()
     _launch(
         max_tiles, n, k, out, x, xg, rows_index, w_codes, w_scales, wg,
-        (tile_expert, tile_start, tile_end, num_tiles), r, num_warps, None,
+        (tile_expert, tile_start, tile_end, num_tiles), r, num_warps, v,
         GROUPED=True, GATHER_X=gather, BLOCK_M=block_m,
     )  # fmt: skip
     return out

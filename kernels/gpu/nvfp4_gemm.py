@@ -130,11 +130,13 @@ def nvfp4_gemm_kernel(
     tile_start_ptr,
     tile_end_ptr,
     num_tiles_ptr,
+    x_plane,
     M,
     N,
     K: tl.constexpr,
     GROUPED: tl.constexpr,
     GATHER_X: tl.constexpr,
+    X_PLANAR: tl.constexpr,
     SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -150,10 +152,11 @@ def nvfp4_gemm_kernel(
     handles tile ``pid_m`` of the expert-sorted rows ``[tile_start, tile_end)`` against expert
     ``tile_expert``'s weights (``[E, N, K]``, one global scale per expert); programs past the device-side
     tile count exit. ``GATHER_X`` reads activation row ``x_rows[r]`` for output row ``r`` (one token
-    feeding its k experts without a copy). With ``SPLIT_K`` > 1 program ``pid_k`` sums its share of K into
-    float32 slice ``pid_k`` of ``out`` (``[SPLIT_K, M, N]``). ``DOT_DTYPE`` is float16 on GPUs (tensor
-    cores); the Triton interpreter, whose half-precision dot products are not faithful, multiplies in
-    float32 (and needs ``ASM_DECODE`` off).
+    feeding its k experts without a copy). ``X_PLANAR``: ``x`` is instead two planes (even, odd elements;
+    the odd one ``x_plane`` elements on) of ``[T, PADDED]`` already in :func:`_mma_order`'s order. With
+    ``SPLIT_K`` > 1 program ``pid_k`` sums its share of K into float32 slice ``pid_k`` of ``out``
+    (``[SPLIT_K, M, N]``). ``DOT_DTYPE`` is float16 on GPUs (tensor cores); the Triton interpreter, whose
+    half-precision dot products are not faithful, multiplies in float32 (and needs ``ASM_DECODE`` off).
     """
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -182,6 +185,7 @@ def nvfp4_gemm_kernel(
     HALF: tl.constexpr = BLOCK_K // 2
     GROUPS: tl.constexpr = BLOCK_K // 16  # 16-element blocks (one scale, 8 packed bytes each) per step
     PAIRS: tl.constexpr = K // 2
+    PADDED: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K * HALF  # pairs per planar activation row
     BLOCKS: tl.constexpr = K // 16
     CHUNK: tl.constexpr = (K + SPLIT_K * BLOCK_K - 1) // (SPLIT_K * BLOCK_K) * GROUPS  # blocks per split
     group = tl.arange(0, GROUPS)
@@ -205,10 +209,17 @@ def nvfp4_gemm_kernel(
         w_high = _mma_order(high, BLOCK_N, HALF).to(DOT_DTYPE)
         # activation element 2p (even) meets the low nibble of packed byte p, 2p + 1 the high one, at the
         # contraction positions _mma_order gave byte p ([BLOCK_M, BLOCK_K] loaded, split in even and odd)
-        p = (pid_k * CHUNK + step) * 8 + mma_pairs
-        x_offs = (x_rows[:, None] * K + 2 * p[None, :])[:, :, None] + tl.arange(0, 2)[None, None, :]
-        x_mask = (row_ok[:, None] & (p < PAIRS)[None, :])[:, :, None]
-        x_even, x_odd = tl.split(tl.load(x_ptr + x_offs, mask=x_mask, other=0.0))
+        if X_PLANAR:  # planes already in contraction order: contiguous rows
+            q = (pid_k * CHUNK + step) * 8 + kk
+            x_offs = x_rows[:, None] * PADDED + q[None, :]
+            x_mask = row_ok[:, None] & (q < PADDED)[None, :]
+            x_even = tl.load(x_ptr + x_offs, mask=x_mask, other=0.0)
+            x_odd = tl.load(x_ptr + x_plane + x_offs, mask=x_mask, other=0.0)
+        else:
+            p = (pid_k * CHUNK + step) * 8 + mma_pairs
+            x_offs = (x_rows[:, None] * K + 2 * p[None, :])[:, :, None] + tl.arange(0, 2)[None, None, :]
+            x_mask = (row_ok[:, None] & (p < PAIRS)[None, :])[:, :, None]
+            x_even, x_odd = tl.split(tl.load(x_ptr + x_offs, mask=x_mask, other=0.0))
         acc = tl.dot(w_low, tl.trans(x_even), acc)
         acc = tl.dot(w_high, tl.trans(x_odd), acc)
 

@@ -123,3 +123,16 @@ def test_the_packed_gemm_replays_in_a_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, eager)
+
+
+@pytest.mark.parametrize("m,k", [(5, 272), (3, 528)])  # K padded to the step; K split 8 ways, some empty
+def test_planar_activations_give_the_same_bits(m, k):
+    """The activations copied planar in the contraction order (the large-M layout) against the same
+    activations read in place: the same values meet the same weights in the same order."""
+    qx, qw, ref = _operands(m + 4, 40, k, 11)
+    qx = _rows(qx, m)
+    base = gpu_gemm.variant_for(40, k, torch.device(DEVICE))
+    planar = gpu_gemm.Variant(base.block_n, base.block_k, base.stages, base.asm, base.warps, planar_from=1)
+    y = gpu_gemm.packed_matmul(qx, qw, torch.float32, variant=planar)
+    assert torch.equal(y, gpu_gemm.packed_matmul(qx, qw, torch.float32, variant=base))
+    assert float((y.double().cpu() - ref[:m]).norm() / ref[:m].norm()) < 1e-4
