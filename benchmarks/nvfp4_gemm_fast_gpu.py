@@ -9,7 +9,7 @@ or run is recorded with its error and the rest go on. The MoE layer decode (batc
 ``benchmarks.kernels_gpu.bench_moe``) runs once per variant. The kernel this replaces is not in the tree
 any more: its figures on the same machine and shapes are those recorded by ``benchmarks.kernels_gpu``
 (benchmarks/results/h200.json, ``packed_triton_gemm``), reprinted here beside the new ones. Run on the GPU
-machine (about 2-3 minutes on an H200):
+machine (about 3 minutes on an H200, most of it compiling; ``--only NAME …`` and ``--skip-moe`` trim it):
 
     python -m benchmarks.nvfp4_gemm_fast_gpu --out benchmarks/results/h200_nvfp4_gemm_fast.json
 """
@@ -147,6 +147,8 @@ def bench_moe_variants(copy_bw: float) -> dict:
     out = {}
     try:
         for variant in gpu_gemm.VARIANTS:
+            if variant.planar_from:  # decode rows per expert never reach it: the same run as without
+                continue
             gpu_gemm.SHAPE_VARIANT.update({shape: variant for shape in MOE_SHAPES})
             print(f"MoE decode with {variant.name}:", flush=True)
             try:
