@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
@@ -11,57 +9,16 @@ import triton.language as tl
 from ..tensors import NVFP4_BLOCK, NVFP4Tensor
 from . import grouped
 from .nvfp4 import dequantize
-from .nvfp4_gemm import nvfp4_gemm_kernel, split_sum_kernel
-from .row_invariance import row_tile, split_k
+from .nvfp4_gemm import nvfp4_gemm_kernel
+from .row_invariance import row_tile, split_k, sum_in_split_order
 
-
-@dataclass(frozen=True)
-class Variant:
-    """One compiled form of the packed GEMM: weight rows per program (``block_n``, which also sets the split
-    of K), K per step (``block_k``), software-pipeline depth, the nibble decoder (inline PTX or pure Triton)
-    and a floor on the warps per program. ``block_n`` and ``block_k`` set a row's summation order; the
-    others should not (the GPU tests and the benchmark check each variant's rows across row counts)."""
-
-    block_n: int
-    block_k: int
-    stages: int
-    asm: bool
-    warps: int | None = None  # at least this many warps per program (the row tile's otherwise)
-    planar_from: int | None = None  # from this many rows per weight matrix, activations copied planar
-
-    @property
-    def name(self) -> str:
-        warps = f"_w{self.warps}" if self.warps else ""
-        planar = f"_p{self.planar_from}" if self.planar_from else ""
-        return f"n{self.block_n}_k{self.block_k}_s{self.stages}{warps}{planar}_{'asm' if self.asm else 'triton'}"
-
-
-# Row invariance (:mod:`.row_invariance`): a weight shape always runs one variant, whatever the row count;
-# only the row tile follows M. VARIANTS are what benchmarks/nvfp4_gemm_fast_gpu.py measures; SHAPE_VARIANT
-# ((N, K) -> variant, the fastest there at M <= 32 among those with bit-identical rows at every M) is filled
-# from its results; other shapes run DEFAULT_VARIANT, which decodes in pure Triton until the H200 shows the
-# inline-PTX decode (same bits) compiles and wins there. The dequantise-and-vendor-GEMM form below stays for
-# benchmarks/kernels_gpu.py to measure against.
-VARIANTS = (
-    Variant(64, 128, 4, True),
-    Variant(128, 128, 4, True),
-    Variant(128, 128, 4, False),  # the pure-Triton decode, for the price of the inline PTX
-    Variant(64, 256, 3, True),  # 4 stages of 256 overflow shared memory at BLOCK_M 128
-    Variant(128, 128, 3, True),
-    Variant(128, 128, 4, True, warps=8),  # two warpgroups share the weight rows at every row count
-    Variant(128, 128, 4, True, planar_from=128),  # the activation copy pays off with many rows (same bits)
-)
-DEFAULT_VARIANT = Variant(128, 128, 4, False)
-SHAPE_VARIANT: dict[tuple[int, int], Variant] = {}
-# The Triton interpreter (CPU tests) runs a smaller tile and the pure-Triton decode.
-INTERPRETER_VARIANT = Variant(32, 64, 1, False)
-
-
-def variant_for(n: int, k: int, device: torch.device) -> Variant:
-    """The variant a weight ``[.., n, k]`` runs on ``device`` (:data:`SHAPE_VARIANT`, else the default)."""
-    if device.type != "cuda":
-        return INTERPRETER_VARIANT
-    return SHAPE_VARIANT.get((n, k), DEFAULT_VARIANT)
+# Row invariance (:mod:`.row_invariance`): one BLOCK_K and operand type for every row count, K split by the
+# column tiles alone, the row tile from the rows per weight matrix. The dequantise-and-vendor-GEMM form below
+# stays for benchmarks/kernels_gpu.py to measure against.
+BLOCK_N = 64
+_CUDA_CONFIG = {"BLOCK_N": BLOCK_N, "BLOCK_K": 128, "num_stages": 4}
+# The Triton interpreter (CPU tests) runs a smaller tile.
+_INTERPRETER_CONFIG = {"BLOCK_N": 32, "BLOCK_K": 64}
 
 
 def _launch(
@@ -69,7 +26,8 @@ def _launch(
     n: int,
     k: int,
     out: torch.Tensor,
-    x,
+    xe,
+    xo,
     xg,
     x_rows,
     w_codes,
@@ -78,32 +36,24 @@ def _launch(
     tiles,
     rows,
     num_warps: int,
-    v: Variant,
     **constexprs,
 ):
-    """Run the kernel into ``out`` ``[rows, n]``, through a float32 split-K workspace when K is split.
-    ``x``: the activations as :func:`_operand` laid them out for ``v``."""
-    cuda = x.is_cuda
-    split = split_k(triton.cdiv(n, v.block_n), k, x.device)
+    """Run the kernel into ``out`` ``[rows, n]``, through a float32 split-K workspace when K is split."""
+    cuda = xe.is_cuda
+    block_n = BLOCK_N if cuda else _INTERPRETER_CONFIG["BLOCK_N"]
+    split = split_k(triton.cdiv(n, block_n), k, xe.device)
     target = out if split == 1 else torch.empty((split, rows, n), dtype=torch.float32, device=out.device)
-    planar = x.dim() == 3
-    args = (x, xg, x_rows, w_codes, w_scales, wg, target, *tiles, x[0].numel() if planar else 0, rows, n, k)
-    grid = (m_tiles, triton.cdiv(n, v.block_n), split)
-    tiling = {"BLOCK_N": v.block_n, "BLOCK_K": v.block_k, "ASM_DECODE": v.asm, "X_PLANAR": planar}
+    args = (xe, xo, xg, x_rows, w_codes, w_scales, wg, target, *tiles, rows, n, k)
+    grid = (m_tiles, triton.cdiv(n, block_n), split)
     if cuda:
         nvfp4_gemm_kernel[grid](
-            *args, **constexprs, SPLIT_K=split, **tiling, num_stages=v.stages, num_warps=max(num_warps, v.warps or 0),
-            DOT_DTYPE=tl.float16, enable_fp_fusion=False,
+            *args, **constexprs, SPLIT_K=split, **_CUDA_CONFIG, num_warps=num_warps, DOT_DTYPE=tl.float16,
+            enable_fp_fusion=False,
         )  # fmt: skip
     else:
-        nvfp4_gemm_kernel[grid](*args, **constexprs, SPLIT_K=split, **tiling, DOT_DTYPE=tl.float32)
+        nvfp4_gemm_kernel[grid](*args, **constexprs, SPLIT_K=split, **_INTERPRETER_CONFIG, DOT_DTYPE=tl.float32)
     if split > 1:
-        # the interpreter's float32 -> 16-bit casts do not round to nearest even: sum in float32 there
-        total = out if cuda or out.dtype == torch.float32 else torch.empty_like(out, dtype=torch.float32)
-        numel = rows * n
-        split_sum_kernel[(triton.cdiv(numel, 1024),)](target, total, numel, SPLIT_K=split, BLOCK=1024)
-        if total is not out:
-            out.copy_(total)
+        out.copy_(sum_in_split_order(target))
 
 
 def _decoded_activations(qx: NVFP4Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,31 +66,11 @@ def _decoded_activations(qx: NVFP4Tensor, dtype: torch.dtype) -> tuple[torch.Ten
     return dequantize(_unscaled(qx), dtype), g
 
 
-def _resolve(variant: Variant | None, n: int, k: int, device: torch.device) -> Variant:
-    v = variant or variant_for(n, k, device)
-    if v.asm and device.type != "cuda":
-        raise ValueError("the inline-PTX decode runs on CUDA only (the Triton interpreter cannot run PTX)")
-    return v
-
-
-def _operand(qx: NVFP4Tensor, v: Variant, rows_per_matrix: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The packed kernel's activation operand (float16 on GPUs, float32 in the interpreter) and the per-row
-    global scales ``[M]``. The operand is the decoded ``[M, K]``, whose even and odd elements the kernel
-    reads in place, or from ``v.planar_from`` rows per weight matrix on, two planes ``[2, M, K' / 2]``
-    (even, odd elements; K zero-padded to a multiple of ``v.block_k``) in the kernel's contraction order
-    (``nvfp4_gemm._mma_order``), which it loads as contiguous rows: the same values at the same contraction
-    positions, so the same bits, for one copy."""
-    x, g = _decoded_activations(qx, torch.float16 if qx.codes.is_cuda else torch.float32)
-    if v.planar_from is None or rows_per_matrix < v.planar_from:
-        return x, g
-    t, k = x.shape
-    padded = triton.cdiv(k, v.block_k) * v.block_k
-    if padded != k:
-        x = torch.nn.functional.pad(x, (0, padded - k))
-    # element 2 * (t'*4C + c*4 + h*2 + e) + parity of each step, C = block_k / 32, to plane parity at
-    # position c*16 + h*8 + t'*2 + e
-    steps = x.view(t, padded // v.block_k, 4, v.block_k // 32, 2, 2, 2)
-    return steps.permute(6, 0, 1, 3, 4, 2, 5).reshape(2, t, padded // 2), g
+def _planes(qx: NVFP4Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The packed kernel's activation operands: even and odd elements ``[M, K / 2]`` (float16 on GPUs,
+    float32 in the interpreter) and the per-row global scales ``[M]``."""
+    xd, g = _decoded_activations(qx, torch.float16 if qx.codes.is_cuda else torch.float32)
+    return xd[:, 0::2].contiguous(), xd[:, 1::2].contiguous(), g
 
 
 def _flat(t: NVFP4Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,18 +80,10 @@ def _flat(t: NVFP4Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     )
 
 
-_UNIT_SCALE: dict[torch.device, torch.Tensor] = {}
-
-
 def _unscaled(t: NVFP4Tensor) -> NVFP4Tensor:
-    """The same codes and block scales with a unit global scale (decoded exactly in bf16)."""
-    one = _UNIT_SCALE.get(t.codes.device)
-    if one is None:
-        one = torch.ones((), dtype=torch.float32, device=t.codes.device)
-        # one fill kernel less per product; never cache a tensor that a graph being captured would fill
-        if not (t.codes.is_cuda and torch.cuda.is_current_stream_capturing()):
-            _UNIT_SCALE[t.codes.device] = one
-    return NVFP4Tensor(t.codes, t.block_scales, one, t.four_over_six, t.shape)
+    """The same codes and block scales with unit global scales (decoded exactly in bf16)."""
+    ones = torch.ones_like(t.global_scale, dtype=torch.float32)
+    return NVFP4Tensor(t.codes, t.block_scales, ones, t.four_over_six, t.shape)
 
 
 def matmul(qx: NVFP4Tensor, qw: NVFP4Tensor, out_dtype: torch.dtype) -> torch.Tensor:
@@ -177,29 +99,23 @@ def matmul(qx: NVFP4Tensor, qw: NVFP4Tensor, out_dtype: torch.dtype) -> torch.Te
 
 
 def packed_matmul(
-    qx: NVFP4Tensor,
-    qw: NVFP4Tensor,
-    out_dtype: torch.dtype,
-    tile: tuple[int, int] | None = None,
-    variant: Variant | None = None,
+    qx: NVFP4Tensor, qw: NVFP4Tensor, out_dtype: torch.dtype, tile: tuple[int, int] | None = None
 ) -> torch.Tensor:
     """:func:`matmul` through the packed Triton GEMM; each row's result is independent of the row count.
-    ``tile``: ``(BLOCK_M, num_warps)``, by default :func:`row_tile` of M; ``variant``: by default
-    :func:`variant_for` the weight's shape (benchmarks and tests choose their own)."""
+    ``tile``: ``(BLOCK_M, num_warps)``, by default :func:`row_tile` of M (benchmarks choose their own)."""
     m, k = qx.shape
     n = qw.shape[0]
     out = torch.empty((m, n), dtype=out_dtype, device=qx.device)
     if m == 0:
         return out
-    v = _resolve(variant, n, k, qx.device)
-    x, xg = _operand(qx, v, m)
+    xe, xo, xg = _planes(qx)
     block_m, num_warps = tile or row_tile(m, qx.device)
     w_codes, w_scales = _flat(qw)
     wg = qw.global_scale.reshape(1).to(torch.float32)
     unused = xg  # the grouped-only pointers
     _launch(
-        triton.cdiv(m, block_m), n, k, out, x, xg, unused, w_codes, w_scales, wg, (unused,) * 4, m, num_warps,
-        v, GROUPED=False, GATHER_X=False, BLOCK_M=block_m,
+        triton.cdiv(m, block_m), n, k, out, xe, xo, xg, unused, w_codes, w_scales, wg, (unused,) * 4, m, num_warps,
+        GROUPED=False, GATHER_X=False, BLOCK_M=block_m,
     )  # fmt: skip
     return out
 
@@ -239,15 +155,14 @@ def grouped_matmul(
         return out
     block_m, num_warps = row_tile(r / num_experts, qx.device)
     tile_expert, tile_start, tile_end, num_tiles, max_tiles = _tiles(experts, num_experts, block_m)
-    v = _resolve(None, n, k, qx.device)
-    x, xg = _operand(qx, v, r / num_experts)
+    xe, xo, xg = _planes(qx)
     w_codes, w_scales = _flat(qw)
     gather = x_rows is not None
     rows_index = x_rows if gather else tile_start
     wg = qw.global_scale.to(torch.float32).contiguous()
     _launch(
-        max_tiles, n, k, out, x, xg, rows_index, w_codes, w_scales, wg,
-        (tile_expert, tile_start, tile_end, num_tiles), r, num_warps, v,
+        max_tiles, n, k, out, xe, xo, xg, rows_index, w_codes, w_scales, wg,
+        (tile_expert, tile_start, tile_end, num_tiles), r, num_warps,
         GROUPED=True, GATHER_X=gather, BLOCK_M=block_m,
     )  # fmt: skip
     return out
