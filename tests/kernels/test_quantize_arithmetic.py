@@ -156,14 +156,18 @@ def test_benchmark_shapes_are_bit_identical_on_cuda(four_over_six, launch):
     gen = torch.Generator(device="cuda").manual_seed(0)
     for shape in [(8192, 7168), (32, 7168), (64, 2048), (4096, 4096)]:
         x = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen)
-        x[: shape[0] // 4] *= torch.exp2(torch.randint(-20, 20, (shape[0] // 4, 1), device="cuda", generator=gen))
+        x[: shape[0] // 4] *= torch.exp2(
+            torch.randint(-20, 20, (shape[0] // 4, 1), device="cuda", generator=gen).float()
+        )
         for scale in ("per_token", "per_tensor"):
             ref, ref_map = nvfp4.quantize_with_choices(x, scale=scale, four_over_six=four_over_six, backend="reference")
             out, out_map = gpu_nvfp4.quantize(
                 x, per_token=scale == "per_token", four_over_six=four_over_six, with_choices=True, launch=launch
             )
-            assert_same_bits(ref.codes, out.codes, f"{shape} {scale} codes")
-            assert_same_bits(ref.block_scales, out.block_scales, f"{shape} {scale} block scales")
-            assert_same_bits(ref.global_scale, out.global_scale.reshape(ref.global_scale.shape), f"{shape} {scale} g")
+            assert_same_bits(ref.codes.cpu(), out.codes, f"{shape} {scale} codes")
+            assert_same_bits(ref.block_scales.cpu(), out.block_scales, f"{shape} {scale} block scales")
+            assert_same_bits(
+                ref.global_scale.cpu(), out.global_scale.reshape(ref.global_scale.shape), f"{shape} {scale} g"
+            )
             if four_over_six:
-                assert_same_bits(ref_map, out_map, f"{shape} {scale} map-to-4")
+                assert_same_bits(ref_map.cpu(), out_map, f"{shape} {scale} map-to-4")
