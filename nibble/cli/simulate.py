@@ -100,6 +100,7 @@ def _single(config, calibration, out: Path, as_json: bool) -> None:
     from nibble.simulator import simulate
     from nibble.simulator.page import write_html
     from nibble.simulator.plots import write_png
+    from nibble.simulator.simulate import mixed_step_times
 
     result = simulate(config, calibration)
     files = {
@@ -113,6 +114,14 @@ def _single(config, calibration, out: Path, as_json: bool) -> None:
         return
     _print_summary(result.summary())
     _print_sources(calibration)
+    mixed = mixed_step_times(config, calibration)
+    if mixed:
+        typer.echo(
+            "warning: speed_vs_sync_bf16 sets step times from different sources side by side, so it is no "
+            "speed-up; calibrate all of them from one source, or simulate the plan that was measured:\n  "
+            + "\n  ".join(mixed),
+            err=True,
+        )
     for name, path in files.items():
         typer.echo(f"{name}: {path}")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nibble.simulator import drift_model
-from nibble.simulator.calibrate import Calibration, published
+from nibble.simulator.calibrate import PUBLISHED_SOURCE, Calibration, published
 from nibble.simulator.config import SimConfig
 from nibble.simulator.dynamics import Dynamics, run_dynamics, step_costs
 from nibble.simulator.timeline import Timeline, build_timeline
@@ -65,6 +65,27 @@ def step_seconds(config: SimConfig, calibration: Calibration) -> tuple[float, fl
     fmt = drift_model.format_key(config.precision, config.four_over_six)
     train = drift_model.train_key(config.precision, config.dequantized_backward)
     return calibration.rollout_seconds[fmt], calibration.train_seconds[train], calibration.weight_sync_seconds
+
+
+def mixed_step_times(config: SimConfig, calibration: Calibration) -> list[str]:
+    """The step times behind ``speed_vs_sync_bf16`` when some are published and some measured: ``config``'s
+    rollout and train seconds and the synchronous BF16 baseline's (``rollout.bf16``, ``train.bf16``), each
+    as ``"name (source)"``; empty when all are published or all measured.
+
+    A calibration file replaces only the keys it measured (a grid of ``bf16`` and ``nvfp4_naive`` gives no
+    four-over-six rollout time), so a run may set a measured time beside a published one: a 135 M model's
+    sub-second H200 step against the article's 30 B model's minutes. Their ratio is no speed-up.
+    """
+    names = (
+        f"rollout.{drift_model.format_key(config.precision, config.four_over_six)}",
+        f"train.{drift_model.train_key(config.precision, config.dequantized_backward)}",
+        "rollout.bf16",
+        f"train.{drift_model.train_key('bf16', False)}",
+    )
+    names = tuple(dict.fromkeys(names))
+    if len({calibration.sources[n] == PUBLISHED_SOURCE for n in names}) == 1:
+        return []
+    return [f"{n} ({calibration.sources[n]})" for n in names]
 
 
 def floor_of(config: SimConfig, calibration: Calibration) -> float:

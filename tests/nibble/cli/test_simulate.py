@@ -149,3 +149,27 @@ def test_calibrate_takes_step_times_from_a_stability_grid(tmp_path):
     assert calibration["train_seconds"]["nvfp4_high_precision"] == 0.5 and calibration["weight_sync_seconds"] == 0.1
     assert "stability grid on NVIDIA H200" in calibration["sources"]["rollout.nvfp4"]
     assert calibration["floors"]["nvfp4"] == 0.0328  # never from a stability file
+
+
+def test_a_speed_up_from_measured_and_published_step_times_is_flagged(tmp_path):
+    grid = {
+        "benchmark": "stability", "machine": {"gpu": "NVIDIA H200"},
+        "variants": {"bf16": {"format": "bf16"}, "nvfp4_naive": {
+            "format": "nvfp4", "activation_scale": "per_tensor", "four_over_six": None, "backward": "high_precision",
+            "bf16_last_fraction": 0.0, "bf16_shared_experts": False}},
+        "runs": [{"variant": v, "seed": 0, "steps": [
+            {"step": 1, "generate_seconds": 2.0, "train_seconds": 0.5, "publish_seconds": 0.1, "eval_seconds": None}]}
+            for v in ("bf16", "nvfp4_naive")],
+    }  # fmt: skip
+    path = tmp_path / "stability.json"
+    path.write_text(json.dumps(grid))
+    # The default plan (four-over-six, dequantised backward) was not measured: its times stay published.
+    result = run("--steps", "20", "--out", str(tmp_path / "a"), "--calibrate", str(path))
+    assert result.returncode == 0, result.stderr
+    assert "no speed-up" in result.stderr
+    assert "rollout.nvfp4_4o6 (published" in result.stderr and "rollout.bf16 (" + str(path) in result.stderr
+    # The measured plan: every time it uses came from the file.
+    naive = ("--no-four-over-six", "--no-dequantized-backward")
+    result = run("--steps", "20", "--out", str(tmp_path / "b"), "--calibrate", str(path), *naive)
+    assert result.returncode == 0 and "warning" not in result.stderr
+    assert "warning" not in run("--steps", "20", "--out", str(tmp_path / "c")).stderr
