@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,13 +40,12 @@ def score(
     """Score ``responses[i]`` after ``prompts[i]`` in one forward pass (prompts left-padded as in generation).
 
     Raises:
-        ValueError: mismatched list lengths, an empty prompt, ``temperature <= 0``, or a sequence
-            longer than the model's context.
+        ValueError: mismatched list lengths, an empty prompt, a ``temperature`` that is not a finite
+            number > 0, or a sequence longer than the model's context.
     """
     if len(prompts) != len(responses) or not prompts:
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
-    if temperature <= 0:
-        raise ValueError(f"temperature={temperature} must be > 0 when scoring")
+    _check_temperature(temperature)
     if any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     device = next(model.parameters()).device
@@ -89,7 +89,13 @@ def token_logprobs(
     49 152 tokens, more than the model. So it runs :data:`CHUNK_ELEMENTS` logits at a time and, when a
     gradient is wanted, is recomputed in the backward (``torch.utils.checkpoint``): the same per-row
     operations, so the same bits as one pass, holding one chunk's float64 at a time.
+
+    Raises:
+        ValueError: naming the argument: ``temperature`` not a finite number > 0; ``logits`` not a 3-D
+            floating-point tensor or with an empty vocabulary (``V == 0``); ``targets`` not an integer
+            tensor of shape ``[B, R]`` or holding an id outside ``[0, V)``.
     """
+    _check_inputs(logits, targets, temperature)
     b, r, v = logits.shape
     rows = max(1, CHUNK_ELEMENTS // max(v, 1))
     flat, flat_targets = logits.reshape(b * r, v), targets.reshape(b * r)
@@ -107,3 +113,31 @@ def token_logprobs(
     logprobs = torch.cat([p[0] for p in parts]).reshape(b, r)
     entropy = torch.cat([p[1] for p in parts]).reshape(b, r)
     return logprobs, entropy
+
+
+def _check_temperature(temperature: float) -> None:
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise ValueError(f"temperature={temperature!r}: expected a number > 0")
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature={temperature}: expected a finite number > 0")
+
+
+def _check_inputs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> None:
+    """:func:`token_logprobs`'s argument checks; the id range costs one min/max reduction (one read-back)."""
+    _check_temperature(temperature)
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or not logits.is_floating_point():
+        shown = f"{tuple(logits.shape)} {logits.dtype}" if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ValueError(f"logits: expected a floating-point [B, R, V] tensor, got {shown}")
+    if logits.shape[2] == 0:
+        raise ValueError(f"logits {tuple(logits.shape)}: the vocabulary is empty (V = 0)")
+    if not isinstance(targets, torch.Tensor) or targets.dtype.is_floating_point or targets.dtype.is_complex:
+        shown = targets.dtype if isinstance(targets, torch.Tensor) else type(targets).__name__
+        raise ValueError(f"targets: expected an integer tensor, got {shown}")
+    if targets.dtype == torch.bool:
+        raise ValueError("targets: expected an integer tensor, got torch.bool")
+    if targets.shape != logits.shape[:2]:
+        raise ValueError(f"targets {tuple(targets.shape)}: expected logits' [B, R] = {tuple(logits.shape[:2])}")
+    if targets.numel():
+        low, high = torch.stack(torch.aminmax(targets)).tolist()
+        if low < 0 or high >= logits.shape[2]:
+            raise ValueError(f"targets: ids must lie in [0, {logits.shape[2]}), got {low}..{high}")

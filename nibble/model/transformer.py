@@ -24,6 +24,12 @@ class _Backbone(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, plan)
 
 
+def _check_logits_from(logits_from: int, length: int) -> None:
+    """A negative ``logits_from`` would slice from the end and one past ``T`` give no rows: both silently."""
+    if isinstance(logits_from, bool) or not isinstance(logits_from, int) or not 0 <= logits_from <= length:
+        raise ValueError(f"logits_from={logits_from!r}: expected an int in [0, {length}] (the sequence length)")
+
+
 class MoETransformer(nn.Module):
     """A causal LM: ``forward(input_ids [B, T]) -> logits [B, T, V]`` (float32).
 
@@ -67,9 +73,11 @@ class MoETransformer(nn.Module):
         Returns:
             float32 ``[B, T - logits_from, vocab_size]``.
         Raises:
-            ValueError: a position at or beyond ``max_position_embeddings``, or a token id outside the vocab.
+            ValueError: a position at or beyond ``max_position_embeddings``, a token id outside the vocab,
+                or ``logits_from`` not an int in ``[0, T]``.
         """
         b, t = input_ids.shape
+        _check_logits_from(logits_from, t)
         start = kv_cache.length if kv_cache is not None else 0
         if positions is None:
             positions = torch.arange(start, start + t, device=input_ids.device).expand(b, t)
@@ -101,7 +109,10 @@ class MoETransformer(nn.Module):
             logits_from: as in :meth:`forward`.
         Returns:
             float32 ``[B, T - logits_from, vocab_size]``.
+        Raises:
+            ValueError: ``logits_from`` not an int in ``[0, T]`` (a host-side check: nothing read back).
         """
+        _check_logits_from(logits_from, input_ids.shape[1])
         cd = self.plan.torch_compute_dtype
         x = F.embedding(input_ids, bf16_operand(self.model.embed_tokens.weight, self.plan)).to(cd)
         c = self.config
