@@ -27,6 +27,7 @@ activation scales get the same prediction.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from statistics import fmean
 
@@ -109,8 +110,8 @@ def compare(results: dict, calibration: Calibration) -> list[Comparison]:
     """One :class:`Comparison` per variant of a validated results file, in order of first appearance.
 
     Raises:
-        ValueError: a run whose variant the file's ``variants`` does not define, or a step without
-            ``staleness_mean``; and as :func:`sim_config`.
+        ValueError: a run whose variant the file's ``variants`` does not define, or a step without a
+            finite ``staleness_mean`` ≥ 0 (naming the run's variant, seed and step); and as :func:`sim_config`.
     """
     variants = results.get("variants") or {}
     by_variant: dict[str, list[tuple]] = {}
@@ -120,7 +121,7 @@ def compare(results: dict, calibration: Calibration) -> list[Comparison]:
             raise ValueError(f"runs[{i}]: variant {name!r} is not in the file's 'variants'")
         config = sim_config(name, variants[name])
         floor, spikes = floor_of(config, calibration), spikes_of(config)
-        costs = [drift_model.staleness_cost(_staleness(i, j, s)) for j, s in enumerate(run["steps"])]
+        costs = [drift_model.staleness_cost(_staleness(i, run, j)) for j in range(len(run["steps"]))]
         dynamics = run_dynamics(costs, floor, spikes, run["seed"] % 2**32)
         by_variant.setdefault(name, []).append((run, dynamics, floor, spikes))
     rows = []
@@ -146,10 +147,21 @@ def compare(results: dict, calibration: Calibration) -> list[Comparison]:
     return rows
 
 
-def _staleness(run: int, step: int, record: dict) -> float:
+def _staleness(index: int, run: dict, step: int) -> float:
+    """The step's ``staleness_mean``, refused (naming the run and step) unless a finite number ≥ 0 whose
+    staleness cost is finite too (``s^1.5`` overflows past about 1e205)."""
+    record = run["steps"][step]
     value = record.get("staleness_mean")
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
-        raise ValueError(f"runs[{run}].steps[{step}].staleness_mean = {value!r}: expected a number ≥ 0")
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    try:
+        ok = ok and math.isfinite(drift_model.staleness_cost(float(value))) and value >= 0
+    except (OverflowError, ValueError):  # an integer past the float range; a negative gap
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"runs[{index}].steps[{step}].staleness_mean = {value!r} (variant {run['variant']!r}, seed {run['seed']!r},"
+            f" step {record.get('step')!r}): expected a finite number ≥ 0"
+        )
     return float(value)
 
 

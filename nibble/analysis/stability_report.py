@@ -43,6 +43,28 @@ _TIMING_FIELDS = {
     "publish_seconds": (False, float),
     "eval_seconds": (True, float),
 }
+_ANY = (-math.inf, math.inf)
+# Ranges of the numbers a step may hold, checked where the field is present and a number: name ->
+# (low, high, finite). Rewards are the built-in tasks' ([0, 1]: nibble.tasks.matching, .reasoning, .addition;
+# a custom reward function may return any finite number, see _reward_range); accuracies are fractions of
+# the held-out problems; a grad norm may be NaN or inf (a skipped update) but never negative.
+_STEP_RANGES = {
+    "reward": (0.0, 1.0, True),
+    "eval_accuracy": (0.0, 1.0, True),
+    "logprob_abs_diff": (0.0, math.inf, True),
+    "fresh_logprob_abs_diff": (0.0, math.inf, True),
+    "staleness_mean": (0.0, math.inf, True),
+    "grad_norm": (0.0, math.inf, False),
+    "skipped_updates": (0, math.inf, True),
+    **{name: (0.0, math.inf, True) for name in _TIMING_FIELDS},
+}
+# A results file's marker, and what other benchmarks' files are (so that one passed by mistake is named).
+MARKER = ("benchmark", "stability")
+OTHER_BENCHMARKS = {
+    "stability_pilots": "a stability pilots file (benchmarks/stability/pilot.py: the pilots' choice of learning "
+    "rate and staleness, no runs)",
+    "mismatch": "a mismatch benchmark's record",
+}
 
 
 @dataclass(frozen=True)
@@ -113,7 +135,8 @@ def load_results(path: Path) -> dict:
 
     Raises:
         ValueError: naming the file and, where it applies, the record and field: a missing or unreadable
-            file, malformed JSON, no runs, a missing field or one of the wrong type.
+            file, malformed JSON, another benchmark's file, no runs, a missing field or one of the wrong
+            type; and as :func:`check_values` (numbers out of range, repeated runs, misnumbered steps).
     """
     path = Path(path)
     if not path.is_file():
@@ -126,6 +149,7 @@ def load_results(path: Path) -> dict:
         raise ValueError(f"{path}: malformed JSON ({exc})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: the top level must be an object with a 'runs' list")
+    check_marker(path, data)
     runs = data.get("runs")
     if not isinstance(runs, list) or not runs:
         raise ValueError(f"{path}: field 'runs' must be a non-empty list")
@@ -137,7 +161,109 @@ def load_results(path: Path) -> dict:
             _check_fields(path, f"runs[{i}].steps[{j}]", step, _STEP_FIELDS)
             timing = {name: kind for name, kind in _TIMING_FIELDS.items() if name in step}
             _check_fields(path, f"runs[{i}].steps[{j}]", step, timing)
+    check_values(path, data)
     return data
+
+
+def check_marker(path: Path, data: dict) -> None:
+    """Refuse another benchmark's file (a ``"benchmark"`` other than ``"stability"``; files may omit it).
+
+    Raises:
+        ValueError: naming ``path`` and what the file is instead.
+    """
+    kind = data.get(MARKER[0], MARKER[1])
+    if kind != MARKER[1]:
+        what = OTHER_BENCHMARKS.get(kind, f"the {kind!r} benchmark's record") if isinstance(kind, str) else None
+        what = what or f"field 'benchmark' = {kind!r}"
+        raise ValueError(f'{path}: {what}, not a stability grid\'s results file ("benchmark": "stability")')
+
+
+def check_values(path: Path, data: dict) -> None:
+    """Refuse numbers no run can have recorded, in the runs of a parsed results file: each checked where
+    present and a number (type and presence are :func:`load_results`'s to check).
+
+    Raises:
+        ValueError: naming ``path``, the run (index, variant and seed) and the step: a run repeating an
+            earlier run's variant and seed; a step number that is not positive or not above the previous
+            step's; a NaN, infinite or out-of-range number (:data:`_STEP_RANGES`; ``staleness_mean`` at most
+            the setting's ``max_staleness``); a ``warm_start_accuracy`` outside [0, 1].
+    """
+    ranges = {**_STEP_RANGES, "reward": _reward_range(data), "staleness_mean": _staleness_range(path, data)}
+    seen: dict[tuple, int] = {}
+    for i, run in enumerate(data.get("runs") or []):
+        if not isinstance(run, dict):
+            continue
+        where = f"{path}: runs[{i}] (variant {run.get('variant')!r}, seed {run.get('seed')!r})"
+        key = (run.get("variant"), run.get("seed"))
+        if key in seen and _is_key(key):
+            raise ValueError(f"{where} repeats runs[{seen[key]}]: one run per variant and seed")
+        seen.setdefault(key, i)
+        _check_number(f"{where}: warm_start_accuracy", run.get("warm_start_accuracy"), (0.0, 1.0, True))
+        steps = run.get("steps") if isinstance(run.get("steps"), list) else []
+        previous = 0
+        for j, step in enumerate(steps):
+            if not isinstance(step, dict):
+                continue
+            number = step.get("step")
+            at = f"{where}, steps[{j}]" + (f" (step {number})" if _is_number(number) else "")
+            if isinstance(number, int) and not isinstance(number, bool):
+                if number < 1:
+                    raise ValueError(f"{at}: step {number}: step numbers start at 1")
+                if number <= previous:
+                    what = "repeats" if number == previous else "comes after"
+                    raise ValueError(f"{at}: step {number} {what} step {previous}: steps must increase")
+                previous = number
+            for name, bounds in ranges.items():
+                _check_number(f"{at}: {name}", step.get(name), bounds)
+
+
+def _is_key(key: tuple) -> bool:
+    return all(isinstance(k, (str, int)) and not isinstance(k, bool) for k in key)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_number(where: str, value: object, bounds: tuple[float, float, bool]) -> None:
+    """Nothing for a value that is not a number (None, or a type the field checks refuse)."""
+    if not _is_number(value):
+        return
+    low, high, finite = bounds
+    try:
+        number = float(value)
+    except OverflowError:  # an integer past the float range: JSON allows it
+        number = math.inf if value > 0 else -math.inf
+    if math.isnan(number) and not finite:
+        return
+    if math.isnan(number) or (finite and math.isinf(number)):
+        raise ValueError(f"{where} = {value!r}: expected a finite number{_range_text(low, high)}")
+    if not low <= number <= high:
+        raise ValueError(f"{where} = {value!r}: expected a number{_range_text(low, high)}")
+
+
+def _range_text(low: float, high: float) -> str:
+    if (low, high) == _ANY:
+        return ""
+    return f" ≥ {low:g}" if high == math.inf else f" in [{low:g}, {high:g}]"
+
+
+def _reward_range(data: dict) -> tuple[float, float, bool]:
+    """[0, 1], or any finite number where the file's task scores with a custom function (``module:function``)."""
+    task = data.get("task")
+    options = task.get("options") if isinstance(task, dict) else None
+    reward = options.get("reward") if isinstance(options, dict) else None
+    return (*_ANY, True) if isinstance(reward, str) and ":" in reward else (0.0, 1.0, True)
+
+
+def _staleness_range(path: Path, data: dict) -> tuple[float, float, bool]:
+    """``[0, max_staleness]`` where the file's setting records it (a batch's mean gap cannot exceed it)."""
+    setting = data.get("setting")
+    bound = setting.get("max_staleness") if isinstance(setting, dict) else None
+    if bound is None:
+        return _STEP_RANGES["staleness_mean"]
+    _check_number(f"{path}: setting.max_staleness", bound, (0, math.inf, True))
+    return (0.0, float(bound), True) if _is_number(bound) else _STEP_RANGES["staleness_mean"]
 
 
 def _check_fields(path: Path, where: str, record, fields: dict) -> None:

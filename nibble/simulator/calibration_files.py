@@ -69,8 +69,13 @@ LAST_FRACTIONS = {0.0: False, 0.15: True}  # the model knows "last 15% BF16" on 
 
 
 def is_real(value: object) -> bool:
-    """A finite int or float (not a bool)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite int or float (not a bool); an integer past the float range is not (JSON allows one)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _read_json(path: Path) -> object:
@@ -139,7 +144,8 @@ def read_mismatch(updates: Updates, path: Path) -> None:
 
     Raises:
         ValueError: naming ``path`` and the field, for an unreadable file, invalid JSON, an unknown key, a
-            value out of range, or a file holding no number to calibrate from.
+            value out of range, or a file holding no number to calibrate from; naming what the file is for
+            another benchmark's record (the stability pilots', say).
     """
     from nibble.simulator.stability_calibration import is_stability, read_stability
 
@@ -152,12 +158,35 @@ def read_mismatch(updates: Updates, path: Path) -> None:
     elif isinstance(data, dict) and "rows" in data:
         _apply_benchmark(updates, path, data)
     elif isinstance(data, dict):
+        _refuse_other_benchmarks(path, data)
         _apply_floors_file(updates, path, data)
     else:
         raise ValueError(
             f"{path}: the top level must be a JSON object (a mismatch file, the mismatch benchmark's record) or "
             f"a list (nibble mismatch --json), got {type(data).__name__}"
         )
+
+
+# Benchmark records that calibrate nothing: what each is and holds (so that one passed by mistake is named,
+# not read as a mismatch file with an unknown field 'benchmark').
+NOT_CALIBRATION = {
+    "stability_pilots": "a stability pilots file (benchmarks/stability/pilot.py), not a stability or mismatch "
+    "results file: it records the pilots' choice of learning rate and staleness, no step times or floors",
+}
+
+
+def _refuse_other_benchmarks(path: Path, data: dict) -> None:
+    """A file without ``rows`` that names a ``"benchmark"`` is refused by name (a mismatch file names none)."""
+    kind = data.get("benchmark")
+    if kind is None:
+        return
+    if kind == "mismatch":
+        raise ValueError(f"{path}: field 'rows' is missing (the mismatch benchmark's record holds its rows)")
+    what = NOT_CALIBRATION.get(kind) if isinstance(kind, str) else None
+    what = what or f"the {kind!r} benchmark's record, not a stability or mismatch results file"
+    raise ValueError(
+        f'{path}: {what}; calibrate from a stability grid\'s results ("benchmark": "stability") or a mismatch file'
+    )
 
 
 def _apply_benchmark(updates: Updates, path: Path, data: dict) -> None:

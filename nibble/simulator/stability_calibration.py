@@ -102,8 +102,12 @@ def read_stability(updates: Updates, path: Path, data: dict) -> None:
         ValueError: naming ``path`` and the field: a missing or malformed ``runs``, ``variants`` or step,
             a run of a variant the file does not define, a plan knob or value the plans do not have, a
             step with only some of the timing fields or seconds that are not positive numbers, or a file
-            with no timed step of a matching variant (nothing to calibrate from).
+            with no timed step of a matching variant (nothing to calibrate from); and as
+            :func:`nibble.analysis.stability_report.check_values` (a repeated run, misnumbered steps, a
+            number out of range).
     """
+    from nibble.analysis.stability_report import check_values
+
     updates.start()
     variants = _variants(path, data.get("variants"))
     runs = data.get("runs")
@@ -123,6 +127,7 @@ def read_stability(updates: Updates, path: Path, data: dict) -> None:
             counts[variant] = counts.get(variant, 0) + 1
         elif any(kept):
             raise ValueError(f"{path}: runs[{i}] times some steps but not others ({TIMED[0]} missing in part)")
+    check_values(path, data)
     label = f"{path} [stability grid{_machine(data)}{_budget(data)}]"
     for key, plan in ROLLOUT_PLANS.items():
         names = _matching(variants, plan, timed)

@@ -120,3 +120,98 @@ def test_the_cpu_grid_compares_every_variant_and_agrees_with_the_report():
         assert mine.measured_spikes_per_100 == theirs.spikes_per_100
         assert math.isfinite(mine.predicted_mismatch.mean) and 0 <= mine.fit.s_range[0] <= mine.fit.s_range[1] <= 4
     assert json.loads(CPU_GRID.read_text())["setting"]["max_staleness"] == 4
+
+
+def _write(tmp_path: Path, data: dict) -> Path:
+    path = tmp_path / "grid.json"
+    path.write_text(json.dumps(data))  # NaN and Infinity as Python's json writes them
+    return path
+
+
+def _step(data: dict, run: int, index: int, **fields) -> dict:
+    data["runs"][run]["steps"][index].update(fields)
+    return data
+
+
+def _run(data: dict, run: int, **fields) -> dict:
+    data["runs"][run].update(fields)
+    return data
+
+
+RUN = r"grid\.json: runs\[1\] \(variant 'nvfp4_naive', seed 3\)"
+NONSENSE = [
+    (lambda d: _step(d, 1, 4, staleness_mean=1e308), RUN + r", steps\[4\] \(step 5\): staleness_mean = 1e\+308"),
+    (lambda d: _step(d, 1, 4, staleness_mean=10**400), RUN + r", steps\[4\] \(step 5\): staleness_mean = 1000"),
+    (lambda d: _step(d, 1, 4, staleness_mean=math.nan), RUN + r", steps\[4\] \(step 5\): staleness_mean = nan"),
+    (lambda d: _step(d, 1, 4, staleness_mean=math.inf), RUN + r", steps\[4\] \(step 5\): staleness_mean = inf"),
+    (lambda d: _step(d, 1, 4, staleness_mean=4.5), r"staleness_mean = 4\.5: expected a number in \[0, 4\]"),
+    (lambda d: _step(d, 1, 4, reward=math.nan), RUN + r", steps\[4\] \(step 5\): reward = nan: expected a finite"),
+    (lambda d: _step(d, 1, 4, reward=-math.inf), r"step 5\): reward = -inf"),
+    (lambda d: _step(d, 1, 4, reward=1.5), r"step 5\): reward = 1\.5: expected a number in \[0, 1\]"),
+    (lambda d: _step(d, 1, 4, reward=-0.1), r"step 5\): reward = -0\.1: expected a number in \[0, 1\]"),
+    (lambda d: _step(d, 1, 4, logprob_abs_diff=-0.01), r"step 5\): logprob_abs_diff = -0\.01: expected a number ≥ 0"),
+    (lambda d: _step(d, 1, 4, logprob_abs_diff=math.inf), r"step 5\): logprob_abs_diff = inf: expected a finite"),
+    (lambda d: _step(d, 1, 4, logprob_abs_diff=math.nan), r"step 5\): logprob_abs_diff = nan"),
+    (lambda d: _step(d, 1, 4, fresh_logprob_abs_diff=-1.0), r"step 5\): fresh_logprob_abs_diff = -1\.0"),
+    (lambda d: _step(d, 1, 9, eval_accuracy=1.2), RUN + r", steps\[9\] \(step 10\): eval_accuracy = 1\.2"),
+    (lambda d: _step(d, 1, 9, eval_accuracy=math.nan), r"step 10\): eval_accuracy = nan"),
+    (lambda d: _run(d, 1, warm_start_accuracy=-0.2), RUN + r": warm_start_accuracy = -0\.2"),
+    (lambda d: _step(d, 1, 4, grad_norm=-1.0), r"step 5\): grad_norm = -1\.0: expected a number ≥ 0"),
+    (lambda d: _run(d, 1, variant="bf16", seed=3), r"runs\[1\] \(variant 'bf16', seed 3\) repeats runs\[0\]"),
+    (lambda d: _step(d, 1, 4, step=4), RUN + r", steps\[4\] \(step 4\): step 4 repeats step 4"),
+    (lambda d: _step(d, 1, 4, step=2), RUN + r", steps\[4\] \(step 2\): step 2 comes after step 4"),
+    (lambda d: _step(d, 1, 0, step=0), RUN + r", steps\[0\] \(step 0\): step 0: step numbers start at 1"),
+    (lambda d: _step(d, 1, 0, step=-3), r"step -3: step numbers start at 1"),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), NONSENSE)
+def test_a_results_file_with_nonsense_numbers_is_refused_naming_file_run_and_step(tmp_path, change, message):
+    data = synthetic({"bf16": 1.0, "nvfp4_naive": 2.0}, steps=12)
+    data["setting"] = {"max_staleness": 4}
+    load_results(_write(tmp_path, data))  # the file as made is fine
+    with pytest.raises(ValueError, match=message):
+        load_results(_write(tmp_path, change(data)))
+
+
+def test_non_finite_grad_norms_are_skipped_updates_and_custom_rewards_any_finite_number(tmp_path):
+    data = synthetic({"bf16": 1.0}, steps=12)
+    _step(data, 0, 3, grad_norm=math.nan, skipped_updates=1)
+    _step(data, 0, 4, grad_norm=math.inf, skipped_updates=1)
+    load_results(_write(tmp_path, data))
+    _step(data, 0, 5, reward=-2.5)
+    data["task"] = {"name": "jsonl", "options": {"reward": "mypackage.rewards:score"}}  # any finite number
+    load_results(_write(tmp_path, data))
+    _step(data, 0, 5, reward=math.nan)
+    with pytest.raises(ValueError, match=r"step 6\): reward = nan: expected a finite number$"):
+        load_results(_write(tmp_path, data))
+
+
+@pytest.mark.parametrize(
+    ("benchmark", "message"),
+    [
+        ("stability_pilots", r"pilots\.json: a stability pilots file .*not a stability grid's results file"),
+        ("mismatch", r"pilots\.json: a mismatch benchmark's record, not a stability grid's results file"),
+    ],
+)
+def test_another_benchmark_s_file_is_named(tmp_path, benchmark, message):
+    path = tmp_path / "pilots.json"
+    path.write_text(json.dumps({"benchmark": benchmark, "points": [], "chosen": None}))
+    with pytest.raises(ValueError, match=message):
+        load_results(path)
+
+
+def test_compare_refuses_a_staleness_whose_cost_overflows_naming_run_and_step():
+    data = synthetic({"bf16": 1.0})
+    _step(data, 0, 4, staleness_mean=1e300)  # finite, but s^1.5 is not: what a file without a setting allows
+    named = r"runs\[0\]\.steps\[4\]\.staleness_mean = 1e\+300 \(variant 'bf16', seed 3, step 5\)"
+    with pytest.raises(ValueError, match=named):
+        compare(data, published())
+    _step(data, 0, 4, staleness_mean=10**400)
+    with pytest.raises(ValueError, match=r"runs\[0\]\.steps\[4\]\.staleness_mean = 1000"):
+        compare(data, published())
+
+
+def test_the_recorded_grids_still_load():
+    for name in ("stability.json", "stability_smollm2.json", "h200_stability_smoke.json"):
+        assert load_results(REPO / "benchmarks" / "results" / name)["runs"]

@@ -121,3 +121,48 @@ def test_simulate_refuses_a_file_it_cannot_map_and_calibrate_alone(tmp_path):
     result = run(str(path), "--out", str(tmp_path / "out"), "--calibrate", str(path))
     assert result.returncode == 2 and "--calibrate is for --simulate" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def _nonsense(data: dict, case: str) -> dict:
+    """``results``' file made nonsense one way (``case``)."""
+    runs = data["runs"]
+    if case == "nan-reward":
+        runs[2]["steps"] = [dict(s) for s in runs[2]["steps"]]
+        runs[2]["steps"][4]["reward"] = math.nan
+    elif case == "repeated-run":
+        runs[3]["seed"] = 0
+    elif case == "steps-out-of-order":
+        runs[1]["steps"] = [runs[1]["steps"][1], runs[1]["steps"][0], *runs[1]["steps"][2:]]
+    elif case == "pilots":
+        return {"benchmark": "stability_pilots", "points": [], "chosen": None}
+    return data
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("nan-reward", "runs[2] (variant 'wild', seed 0), steps[4] (step 5): reward = nan: expected a finite number"),
+        ("repeated-run", "runs[3] (variant 'wild', seed 0) repeats runs[2]: one run per variant and seed"),
+        ("steps-out-of-order", "runs[1] (variant 'calm', seed 1), steps[1] (step 1): step 1 comes after step 2"),
+        ("pilots", "a stability pilots file (benchmarks/stability/pilot.py"),
+    ],
+)
+def test_nonsense_numbers_exit_2_naming_the_file_run_and_step(tmp_path, case, message):
+    path = results(tmp_path)
+    path.write_text(json.dumps(_nonsense(json.loads(path.read_text()), case)))
+    result = run(str(path), "--out", str(tmp_path / "out"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"error: {path}: " in result.stderr and message in result.stderr, result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_simulate_refuses_a_staleness_whose_cost_overflows(tmp_path):
+    path = results(tmp_path)
+    data = json.loads(path.read_text())
+    data["variants"] = {"calm": {"format": "bf16"}, "wild": {"format": "nvfp4"}}
+    for r in data["runs"]:
+        r["steps"] = [{**s, "staleness_mean": 1e300 if s["step"] == 7 else 1.0} for s in r["steps"]]
+    path.write_text(json.dumps(data))
+    result = run(str(path), "--out", str(tmp_path / "out"), "--simulate")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"{path}: runs[0].steps[6].staleness_mean = 1e+300 (variant 'calm', seed 0, step 7)" in result.stderr

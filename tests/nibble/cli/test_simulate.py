@@ -77,6 +77,38 @@ def test_a_bad_calibration_file_names_the_file_and_field(tmp_path):
     assert f"{bad}: field 'floors.nvfp4' must be a number in [0, 1]" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (
+            {"benchmark": "stability_pilots", "points": [], "chosen": None},
+            "a stability pilots file (benchmarks/stability/pilot.py), not a stability or mismatch results file",
+        ),
+        ({"benchmark": "throughput", "seconds": 3}, "the 'throughput' benchmark's record, not a stability or mismatch"),
+        ({"floors": {"nvfp4": 10**400}}, "field 'floors.nvfp4' must be a number in [0, 1]"),  # past the float range
+    ],
+)
+def test_a_file_of_another_benchmark_or_an_overflowing_number_exits_2_naming_it(tmp_path, content, message):
+    path = tmp_path / "file.json"
+    path.write_text(json.dumps(content))
+    result = run("--calibrate", str(path), "--out", str(tmp_path / "out"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"{path}: {message}" in result.stderr, result.stderr
+
+
+def test_calibrate_refuses_a_stability_grid_repeating_a_run(tmp_path):
+    step = {"step": 1, "generate_seconds": 2.0, "train_seconds": 0.5, "publish_seconds": 0.1, "eval_seconds": None}
+    grid = {
+        "benchmark": "stability", "variants": {"bf16": {"format": "bf16"}},
+        "runs": [{"variant": "bf16", "seed": 0, "steps": [step]}, {"variant": "bf16", "seed": 0, "steps": [step]}],
+    }  # fmt: skip
+    path = tmp_path / "stability.json"
+    path.write_text(json.dumps(grid))
+    result = run("--calibrate", str(path), "--out", str(tmp_path / "out"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"{path}: runs[1] (variant 'bf16', seed 0) repeats runs[0]" in result.stderr, result.stderr
+
+
 @pytest.mark.parametrize("optimize", [False, True], ids=["run", "optimize"])
 @pytest.mark.parametrize("where", ["a-file", "under-a-file"])
 def test_an_out_that_is_a_file_or_cannot_be_made_exits_2_before_any_work(tmp_path, where, optimize):

@@ -75,7 +75,7 @@ def test_a_file_from_before_step_times_is_refused_and_its_timed_runs_count_once_
     with pytest.raises(ValueError, match=r"stability\.json: holds no number to calibrate from .*generate_seconds"):
         load([CPU_GRID])
     old = json.loads(CPU_GRID.read_text())
-    timed = grid(steps=3)["runs"][0]  # bf16, seed 0
+    timed = {**grid(steps=3)["runs"][0], "seed": 5}  # bf16, a seed the old runs lack (--append skips the others)
     assert timed["variant"] == "bf16"
     appended = write(tmp_path, {**old, "runs": [*old["runs"], timed]})
     calibration = load([appended])
