@@ -26,8 +26,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import multiprocessing
 import sys
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -92,16 +94,53 @@ def choose(points: dict[Point, dict[str, dict]]) -> tuple[Point | None, dict[Poi
     return chosen, verdicts
 
 
+def _learning_rate(text: str) -> float:
+    """An argparse type: a finite number > 0 (``nan``, ``inf`` and ``0`` parse as floats but train nothing)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number > 0")
+    return value
+
+
+def _staleness(text: str) -> int:
+    """An argparse type: an integer ≥ 0 (policy versions a batch may lag the trainer)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is not ≥ 0")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.stability.pilot", description=__doc__)
     parser.add_argument("--config", type=Path, required=True, help="the grid's run config")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--learning-rates", type=float, nargs="+", required=True)
-    parser.add_argument("--staleness", type=int, nargs="+", required=True)
+    parser.add_argument("--learning-rates", type=_learning_rate, nargs="+", required=True, help="each finite, > 0")
+    parser.add_argument("--staleness", type=_staleness, nargs="+", required=True, help="each an integer ≥ 0")
     parser.add_argument("--devices", nargs="+", required=True, help="one concurrent pilot per entry")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "stability_pilots.json")
     return parser
+
+
+def _check_writable(out: Path) -> None:
+    """Make ``out``'s directory (as the grid does) and write a scratch file in it, so that a directory the
+    record cannot be written to is refused before the first pilot, not after it.
+
+    Raises:
+        ValueError: naming ``--out`` and the system's reason.
+    """
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out.parent):
+            pass
+    except OSError as exc:
+        raise ValueError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -109,16 +148,17 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = _parser()
     args = parser.parse_args(argv)
-    try:
+    try:  # everything a user can get wrong is refused here, before any pilot runs
         if args.steps < 4:
             raise ValueError(f"--steps {args.steps}: a pilot needs at least 4 steps (two halves of two)")
-        if any(lr <= 0 for lr in args.learning_rates) or any(s < 0 for s in args.staleness):
-            raise ValueError("--learning-rates must be > 0 and --staleness ≥ 0")
         if args.out.exists():
             raise ValueError(f"--out {args.out} exists: pilots never overwrite a record")
+        if args.out.parent.exists() and not args.out.parent.is_dir():
+            raise ValueError(f"--out {args.out}: not a file in a directory")
         source, base = from_config(args.config, args.steps, args.steps, args.devices)
         source.check_devices()
         source.check_model()
+        _check_writable(args.out)
     except (ValueError, OSError) as exc:
         parser.exit(2, f"error: {exc}\n")
     points = [Point(lr, s) for lr in dict.fromkeys(args.learning_rates) for s in dict.fromkeys(args.staleness)]

@@ -2,6 +2,7 @@
 summaries, and a real (tiny, CPU) pilot through the command."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -79,3 +80,65 @@ def test_a_pilot_runs_both_variants_at_every_point_and_records_its_choice(warm_s
     with pytest.raises(SystemExit) as refused:  # a record is never overwritten
         main(argv)
     assert refused.value.code == 2
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--learning-rates", "nan", "argument --learning-rates: 'nan' is not a finite number > 0"),
+        ("--learning-rates", "inf", "argument --learning-rates: 'inf' is not a finite number > 0"),
+        ("--learning-rates", "-inf", "argument --learning-rates: '-inf' is not a finite number > 0"),
+        ("--learning-rates", "0", "argument --learning-rates: '0' is not a finite number > 0"),
+        ("--learning-rates", "-1e-5", "argument --learning-rates: '-1e-5' is not a finite number > 0"),
+        ("--learning-rates", "fast", "argument --learning-rates: 'fast' is not a number"),
+        ("--staleness", "-1", "argument --staleness: -1 is not ≥ 0"),
+        ("--staleness", "1.5", "argument --staleness: '1.5' is not an integer"),
+    ],
+)
+def test_argparse_refuses_learning_rates_and_staleness_that_cannot_train(tmp_path, capsys, flag, value, message):
+    argv = {"--config": "run.yaml", "--learning-rates": "1e-4", "--staleness": "1", "--devices": "cpu"}
+    argv[flag] = value
+    with pytest.raises(SystemExit) as refused:
+        # flag=value: argparse would take a bare "-1e-5" for a flag
+        main([*(f"{k}={v}" for k, v in argv.items()), "--out", str(tmp_path / "pilots.json")])
+    assert refused.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.fixture
+def no_pilot_runs(monkeypatch):
+    """A config that loads to a CPU source without reading a model, and a pool that refuses to start."""
+    import multiprocessing
+    from types import SimpleNamespace
+
+    from benchmarks.stability import pilot
+    from benchmarks.stability.setting import Setting
+
+    source = SimpleNamespace(devices=("cpu",), task=None, check_devices=lambda: None, check_model=lambda: None)
+    monkeypatch.setattr(pilot, "from_config", lambda *args: (source, Setting(steps=4, eval_every=4)))
+
+    def get_context(*args):
+        raise AssertionError("a pilot started")
+
+    monkeypatch.setattr(multiprocessing, "get_context", get_context)
+
+
+@pytest.mark.parametrize("where", ["under-a-file", "unwritable-directory"])
+def test_an_out_that_cannot_be_written_is_refused_before_any_pilot_runs(tmp_path, capsys, no_pilot_runs, where):
+    (tmp_path / "taken").write_text("not a folder")
+    out = tmp_path / "taken" / "pilots.json" if where == "under-a-file" else Path("/proc/pilots.json")
+    argv = ["--config", "run.yaml", "--learning-rates", "1e-4", "--staleness", "1", "--devices", "cpu"]
+    with pytest.raises(SystemExit) as refused:
+        main([*argv, "--out", str(out)])
+    assert refused.value.code == 2
+    message = "not a file in a directory" if where == "under-a-file" else "cannot write there"
+    assert f"error: --out {out}: {message}" in capsys.readouterr().err
+    assert (tmp_path / "taken").read_text() == "not a folder"
+
+
+def test_an_out_whose_directories_are_missing_gets_them_as_the_grid_s_does(tmp_path, no_pilot_runs):
+    out = tmp_path / "new" / "deeper" / "pilots.json"
+    argv = ["--config", "run.yaml", "--learning-rates", "1e-4", "--staleness", "1", "--devices", "cpu"]
+    with pytest.raises(AssertionError, match="a pilot started"):
+        main([*argv, "--out", str(out)])
+    assert out.parent.is_dir() and list(out.parent.iterdir()) == []  # the scratch file is gone
