@@ -1,0 +1,78 @@
+"""The update-sensitivity benchmark on the tiny CPU warm start: what it records, its weight-change count,
+and the inputs it refuses."""
+
+import json
+
+import pytest
+import torch
+
+from benchmarks.update_sensitivity import changed, main
+
+
+def test_changed_counts_e2m1_codes_per_nibble_scales_per_block_and_bf16_weights():
+    before = {
+        "w.codes": torch.tensor([0x12, 0x34], dtype=torch.uint8),
+        "w.block_scales": torch.tensor([1, 2, 3, 4], dtype=torch.uint8),
+        "v.weight": torch.ones(2, 2, dtype=torch.bfloat16),
+        "norm.weight": torch.ones(4, dtype=torch.bfloat16),  # not a linear weight: not counted
+    }
+    after = {
+        "w.codes": torch.tensor([0x13, 0x43], dtype=torch.uint8),  # one nibble, then both
+        "w.block_scales": torch.tensor([1, 2, 3, 5], dtype=torch.uint8),
+        "v.weight": torch.tensor([[1.0, 1.0], [1.0, 2.0]], dtype=torch.bfloat16),
+        "norm.weight": torch.zeros(4, dtype=torch.bfloat16),
+    }
+    assert changed(before, after) == {"codes": 3 / 4, "block_scales": 1 / 4, "bf16": 1 / 4}
+    assert changed(before, before) == {"codes": 0.0, "block_scales": 0.0, "bf16": 0.0}
+
+
+@pytest.fixture
+def config(warm_start, tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        f"model: {{checkpoint: {warm_start}}}\n"
+        "task: {name: addition, options: {digits: 3, eval_size: 16}}\n"
+        "plan: {quantize: all_linear}\n"
+        "trainer: {learning_rate: 1.0e-3}\n"
+    )
+    return path
+
+
+def test_records_bf16_first_then_each_plan_with_a_deterministic_forward(config, tmp_path, capsys):
+    out = tmp_path / "sensitivity.json"
+    assert main(["--config", str(config), "--steps", "2", "--sequences", "3", "--variants", "nvfp4_token",
+                 "--out", str(out)]) == 0  # fmt: skip
+    record = json.loads(out.read_text())
+    assert record["benchmark"] == "update_sensitivity" and record["learning_rate"] == 1e-3
+    bf16, token = record["variants"]
+    assert (bf16["variant"], token["variant"]) == ("bf16", "nvfp4_token")
+    assert bf16["repeat_max_abs_diff"] == 0.0 and token["repeat_max_abs_diff"] == 0.0
+    assert bf16["precision_noise"] is None and token["precision_noise"] > 0
+    assert [s["step"] for s in token["steps"]] == [1, 2] and bf16["tokens"] == token["tokens"] > 0
+    # the steps raise the scored tokens' likelihood, and move BF16's weights
+    assert bf16["steps"][-1]["logprob_mean_change"] > 0 and bf16["steps"][0]["bf16"] > 0
+    assert bf16["steps"][0]["codes"] is None and 0 <= token["steps"][0]["codes"] <= 1
+    assert "nvfp4_token" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--learning-rate", "nan"], "--learning-rate nan"),
+        (["--learning-rate=-1e-5"], "--learning-rate -1e-05"),
+        (["--steps", "0"], "--steps and --sequences"),
+    ],
+)
+def test_bad_numbers_exit_2_naming_the_option(config, tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--config", str(config), "--out", str(tmp_path / "o.json"), *args])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_an_existing_out_is_never_overwritten(config, tmp_path, capsys):
+    out = tmp_path / "kept.json"
+    out.write_text("{}")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--config", str(config), "--out", str(out)])
+    assert exit_info.value.code == 2 and "exists" in capsys.readouterr().err and out.read_text() == "{}"
