@@ -108,22 +108,27 @@ def _single(config, calibration, out: Path, as_json: bool) -> None:
         "png": str(write_png(result, out / "simulation.png")),
         "html": str(write_html(config, calibration, out / "simulation.html")),
     }
+    mixed = mixed_step_times(config, calibration)
     record = {"config": config.as_dict(), "summary": result.summary(), "calibration": calibration.as_dict()}
     if as_json:
-        typer.echo(json.dumps(record | {"files": files}, indent=2))
+        typer.echo(json.dumps(record | {"files": files, "mixed_step_times": mixed}, indent=2))
+        _warn_mixed(mixed, "speed_vs_sync_bf16")
         return
     _print_summary(result.summary())
     _print_sources(calibration)
-    mixed = mixed_step_times(config, calibration)
-    if mixed:
-        typer.echo(
-            "warning: speed_vs_sync_bf16 sets step times from different sources side by side, so it is no "
-            "speed-up; calibrate all of them from one source, or simulate the plan that was measured:\n  "
-            + "\n  ".join(mixed),
-            err=True,
-        )
+    _warn_mixed(mixed, "speed_vs_sync_bf16")
     for name, path in files.items():
         typer.echo(f"{name}: {path}")
+
+
+def _warn_mixed(mixed: list[str], what: str) -> None:
+    """On stderr: ``what`` sets measured step times beside published ones (``mixed``), so it is no speed-up."""
+    if mixed:
+        typer.echo(
+            f"warning: {what} sets step times from different sources side by side: no speed-up; "
+            "calibrate all of them from one source, or simulate the plan that was measured:\n  " + "\n  ".join(mixed),
+            err=True,
+        )
 
 
 def _result_record(result) -> dict:
@@ -196,10 +201,13 @@ def _console():
 
 def _optimize(config, calibration, out: Path, as_json: bool, *, seeds: int, max_samplers: int, top: int) -> None:
     from nibble.simulator import optimize
+    from nibble.simulator.simulate import mixed_sources
 
     if top < 0:
         raise ValueError(f"top={top} must be at least 0 (--top)")
     candidates = optimize.search(config, calibration, seeds=seeds, max_samplers=max_samplers)
+    step_times = [name for name in calibration.sources if name.startswith(("rollout.", "train."))]
+    mixed = mixed_sources(calibration, step_times)
     front = optimize.frontier(candidates)
     record = {
         "workload": {k: config.as_dict()[k] for k in ("batch", "horizon", "weight_sync", "inflight_updates", "steps")},
@@ -209,14 +217,17 @@ def _optimize(config, calibration, out: Path, as_json: bool, *, seeds: int, max_
         "stable": sum(c.stable for c in candidates),
         "frontier": [c.as_dict() for c in front],
         "calibration": calibration.as_dict(),
+        "mixed_step_times": mixed,
     }
     _write_json(out / "frontier.json", record)
     (out / "frontier.md").write_text(optimize.markdown_table(front, top or None))
     if as_json:
         typer.echo(json.dumps(record, indent=2))
+        _warn_mixed(mixed, "the frontier's speed-ups")
         return
     _print_frontier(optimize, front, record, top)
     _print_sources(calibration)
+    _warn_mixed(mixed, "the frontier's speed-ups")
     typer.echo(f"frontier: {out / 'frontier.json'}, {out / 'frontier.md'}")
 
 

@@ -68,8 +68,8 @@ def step_seconds(config: SimConfig, calibration: Calibration) -> tuple[float, fl
 
 
 def mixed_step_times(config: SimConfig, calibration: Calibration) -> list[str]:
-    """The step times behind ``speed_vs_sync_bf16`` when some are published and some measured: ``config``'s
-    rollout and train seconds and the synchronous BF16 baseline's (``rollout.bf16``, ``train.bf16``), each
+    """The step times behind ``config``'s ``speed_vs_sync_bf16`` when some are published and some measured:
+    its rollout and train seconds and the synchronous BF16 baseline's (``rollout.bf16``, ``train.bf16``), each
     as ``"name (source)"``; empty when all are published or all measured.
 
     A calibration file replaces only the keys it measured (a grid of ``bf16`` and ``nvfp4_naive`` gives no
@@ -82,8 +82,14 @@ def mixed_step_times(config: SimConfig, calibration: Calibration) -> list[str]:
         "rollout.bf16",
         f"train.{drift_model.train_key('bf16', False)}",
     )
+    return mixed_sources(calibration, names)
+
+
+def mixed_sources(calibration: Calibration, names) -> list[str]:
+    """``names`` (keys of ``calibration.sources``) as ``"name (source)"`` when some are published and some
+    measured; empty otherwise. ``--optimize`` passes every step time, as it compares every plan."""
     names = tuple(dict.fromkeys(names))
-    if len({calibration.sources[n] == PUBLISHED_SOURCE for n in names}) == 1:
+    if len({calibration.sources[n] == PUBLISHED_SOURCE for n in names}) <= 1:
         return []
     return [f"{n} ({calibration.sources[n]})" for n in names]
 

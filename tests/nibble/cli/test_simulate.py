@@ -205,3 +205,11 @@ def test_a_speed_up_from_measured_and_published_step_times_is_flagged(tmp_path):
     result = run("--steps", "20", "--out", str(tmp_path / "b"), "--calibrate", str(path), *naive)
     assert result.returncode == 0 and "warning" not in result.stderr
     assert "warning" not in run("--steps", "20", "--out", str(tmp_path / "c")).stderr
+    # --json records the mix as well as warning; --optimize compares every plan, so any mix is flagged
+    result = run("--steps", "20", "--out", str(tmp_path / "d"), "--calibrate", str(path), "--json")
+    assert any(m.startswith("rollout.nvfp4_4o6 (published") for m in json.loads(result.stdout)["mixed_step_times"])
+    assert "no speed-up" in result.stderr
+    args = ("--optimize", "--steps", "10", "--seeds", "1", "--max-samplers", "1", "--out", str(tmp_path / "e"))
+    result = run(*args, "--calibrate", str(path))
+    assert result.returncode == 0 and "warning: the frontier's speed-ups" in result.stderr
+    assert json.loads((tmp_path / "e" / "frontier.json").read_text())["mixed_step_times"]
