@@ -1,23 +1,21 @@
 """How far a few small AdamW steps move a policy's logprobs under each precision plan.
 
-The H200 stability runs (README "Stability") showed NVFP4 policies whose batches sampled one or more
-versions earlier differ from the trainer's by 0.2–0.46 mean |Δlogprob| — as much as the naive variant's
-precision mismatch — where BF16's differ by 0.01–0.03. This measures the effect without sampling or
-RL: one model, one fixed set of real token sequences (the task's chat-formatted prompts, every token
-after the first scored), AdamW steps on the plain log-likelihood of those tokens (the first AdamW step
-moves every weight by ``learning_rate`` in the direction of its gradient's sign), and after each step
+In the H200 stability runs (README "Stability") NVFP4 batches sampled one or more versions earlier
+differed from the trainer's logprobs by about as much as the naive variant's precision mismatch, where
+BF16's differed by a few hundredths. This measures the effect without RL: one model, one fixed set of
+responses (sampled once by the BF16 model from the task's prompts, temperature 1, seeded), AdamW steps
+(weight decay 0) that raise those responses' log-likelihood, and after each step
 
-- ``logprob_abs_diff``: mean |log π_k − log π_0| over the scored tokens, the policy's own movement, in
-  its own numerics (the trainer's quantised forward, which the sampler reproduces at staleness 0), and
-  ``logprob_mean_change``, the signed mean (the steps raise these tokens' likelihood: movement that is
-  signal shows here, movement that is noise only in the absolute value);
-- ``weights_changed``: the fraction of the plan's quantised weight elements whose E2M1 code changed and
-  of blocks whose E4M3 scale changed (weight-sync's quantise-once form of the published bf16 weights),
-  or, for BF16 tensors, of bf16 weights that changed;
+- ``logprob_abs_diff``: mean |log π_k − log π_0| over the response tokens, the policy's own movement in
+  its own numerics (the trainer's forward, which the sampler reproduces at staleness 0), with its
+  median and 90th percentile, and ``logprob_mean_change``, the signed mean (the update's intended
+  direction is up: movement that follows the update shows here, movement that does not only in |·|);
+- ``weights_changed``: of weight-sync's form of the published bf16 weights, the fraction of E2M1 codes
+  and of E4M3 block scales that changed, of quantised tensors whose global scale changed, and of the
+  remaining bf16 tensors' elements that changed;
 
 beside the plan's precision noise at step 0 (mean |log π_0 − log π_0^BF16|) and, as a control, the
-largest difference between two forward passes at step 0 (0: the forward is deterministic). A plan whose movement after
-one step is close to its precision noise re-draws its quantisation with every update.
+largest difference between two forward passes at step 0 (0: the forward is deterministic).
 
     .venv/bin/python -m benchmarks.update_sensitivity --config configs/smollm2-stability.yaml \
         --out benchmarks/results/update_sensitivity_smollm2.json
@@ -29,6 +27,7 @@ import argparse
 import json
 import math
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,57 +37,70 @@ from benchmarks.machine import describe
 from benchmarks.stability.setting import from_config
 from benchmarks.stability.variants import VARIANTS, plan_for
 from nibble.model import from_pretrained, load_config
+from nibble.model.generate import generate
 from nibble.model.scoring import score
 from nibble.recipe import param_groups
 from nibble.recipe.export import published_state, quantize_state
 
 
-def token_sequences(source, count: int, seed: int) -> list[list[int]]:
-    """``count`` chat-formatted prompts of the source's task (token ids), from its training stream."""
+def samples(source, count: int, seed: int, max_new_tokens: int, device: str) -> tuple[list, list]:
+    """``count`` of the task's prompts (token ids, from its training stream) and one response to each,
+    sampled by the BF16 model (temperature 1, ``seed``), eos included when it ended the response."""
+    layers = load_config(source.checkpoint).num_hidden_layers
+    model = from_pretrained(source.checkpoint, plan=plan_for("bf16", layers, source.quantize, device)).to(device)
     with source.make_task(1) as task:
         stream = task.train_stream(seed)
-        return [task.prompt_ids(next(stream)) for _ in range(count)]
+        prompts = [task.prompt_ids(next(stream)) for _ in range(count)]
+        generator = torch.Generator(device=device).manual_seed(seed)
+        with torch.no_grad():
+            out = generate(model.eval(), prompts, max_new_tokens=max_new_tokens, stop_tokens=[task.tokenizer.eos_id],
+                           pad_id=task.tokenizer.pad_id, generator=generator)  # fmt: skip
+    return prompts, out.tokens
 
 
-def logprobs(model, sequences: list[list[int]]) -> torch.Tensor:
-    """Every token after the first of each sequence, scored: float64 ``[tokens]``, padding dropped."""
-    scores = score(model, [s[:1] for s in sequences], [s[1:] for s in sequences])
+def logprobs(model, prompts: list[list[int]], responses: list[list[int]]) -> torch.Tensor:
+    """The response tokens' logprobs under ``model``: float64 ``[tokens]``, padding dropped."""
+    scores = score(model, prompts, responses)
     return scores.logprobs[scores.mask].double()
 
 
-def changed(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> dict[str, float]:
-    """Fractions of quantised weight elements with a new E2M1 code and of blocks with a new E4M3 scale,
-    and of bf16 weights with new bits (over the tensors weight-sync sends in each form)."""
-    counts = {"codes": [0, 0], "block_scales": [0, 0], "bf16": [0, 0]}
+def changed(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> dict[str, float | None]:
+    """Fractions, between two weight-sync forms: E2M1 codes and E4M3 block scales that changed, quantised
+    tensors whose global scale changed, and elements of the bf16 tensors that changed (``None`` where a
+    form holds no such tensor)."""
+    counts = {"codes": [0, 0], "block_scales": [0, 0], "global_scale": [0, 0], "bf16": [0, 0]}
     for name, old in before.items():
         new = after[name]
         if name.endswith("codes"):
             # two E2M1 codes per byte: a changed nibble is a changed element
             diff = old ^ new
-            flips = int(((diff & 0x0F) != 0).sum()) + int(((diff >> 4) != 0).sum())
-            counts["codes"][0] += flips
+            counts["codes"][0] += int(((diff & 0x0F) != 0).sum()) + int(((diff >> 4) != 0).sum())
             counts["codes"][1] += 2 * old.numel()
         elif name.endswith("block_scales"):
             counts["block_scales"][0] += int((old != new).sum())
             counts["block_scales"][1] += old.numel()
-        elif old.dtype == torch.bfloat16 and old.dim() == 2:
+        elif name.endswith("global_scale"):
+            counts["global_scale"][0] += int(not torch.equal(old, new))
+            counts["global_scale"][1] += 1
+        elif old.dtype == torch.bfloat16:
             counts["bf16"][0] += int((old != new).sum())
             counts["bf16"][1] += old.numel()
     return {key: (n / total if total else None) for key, (n, total) in counts.items()}
 
 
-def measure(source, variant: str, sequences, steps: int, learning_rate: float, reference: torch.Tensor | None,
-            device: str) -> dict:  # fmt: skip
+def measure(source, variant: str, data: tuple[list, list], steps: int, learning_rate: float,
+            reference: torch.Tensor | None, device: str) -> tuple[dict, torch.Tensor]:  # fmt: skip
     """One plan: its precision noise against ``reference`` (BF16's step-0 logprobs) and, after each of
-    ``steps`` AdamW steps, the movement of its logprobs and weights from step 0."""
+    ``steps`` AdamW steps, the movement of its logprobs and weights from step 0; also its step-0
+    logprobs (float64 ``[tokens]``)."""
     layers = load_config(source.checkpoint).num_hidden_layers
     plan = plan_for(variant, layers, source.quantize, device)
     model = from_pretrained(source.checkpoint, plan=plan).to(device).train()
     optimizer = torch.optim.AdamW(param_groups(model, plan, 0.0), lr=learning_rate, weight_decay=0.0)
     with torch.no_grad():
-        start = logprobs(model, sequences)
+        start = logprobs(model, *data)
         # the measurement is only meaningful if the forward is deterministic: a second pass must agree
-        repeat = float((logprobs(model, sequences) - start).abs().max())
+        repeat = float((logprobs(model, *data) - start).abs().max())
     start_weights = quantize_state(published_state(model), plan)
     record = {
         "variant": variant,
@@ -99,74 +111,96 @@ def measure(source, variant: str, sequences, steps: int, learning_rate: float, r
     }
     for step in range(1, steps + 1):
         optimizer.zero_grad(set_to_none=True)
-        (-logprobs(model, sequences).mean()).backward()
+        (-logprobs(model, *data).mean()).backward()
         optimizer.step()
         with torch.no_grad():
-            now = logprobs(model, sequences)
+            moved = logprobs(model, *data) - start
         weights = changed(start_weights, quantize_state(published_state(model), plan))
-        moved = {
-            "logprob_abs_diff": float((now - start).abs().mean()),
-            "logprob_mean_change": float((now - start).mean()),
-        }
-        record["steps"].append({"step": step} | moved | weights)
+        record["steps"].append({"step": step} | _movement(moved) | weights)
     return record, start
 
 
-def main(argv: list[str] | None = None) -> int:
+def _movement(moved: torch.Tensor) -> dict[str, float]:
+    size = moved.abs()
+    return {
+        "logprob_abs_diff": float(size.mean()),
+        "logprob_abs_diff_median": float(size.median()),
+        "logprob_abs_diff_p90": float(size.quantile(0.9)),
+        "logprob_mean_change": float(moved.mean()),
+    }
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, required=True, help="a run config: its model, task and plan scope")
-    parser.add_argument("--variants", nargs="+", default=["bf16", "nvfp4_naive", "nvfp4_token", "recipe"],
-                        choices=list(VARIANTS))  # fmt: skip
-    parser.add_argument("--steps", type=int, default=4, help="AdamW steps (default 4)")
+    parser.add_argument("--variants", nargs="+", default=["nvfp4_naive", "nvfp4_token", "recipe"],
+                        choices=list(VARIANTS), help="plans measured after bf16, which always runs first")  # fmt: skip
+    parser.add_argument("--steps", type=int, default=3, help="AdamW steps (default 3)")
     parser.add_argument("--learning-rate", type=float, default=None, help="default: the config's")
-    parser.add_argument("--sequences", type=int, default=8, help="prompts scored (default 8)")
+    parser.add_argument("--sequences", type=int, default=8, help="prompts, one response each (default 8)")
+    parser.add_argument("--max-new-tokens", type=int, default=96, help="response budget (default 96)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.sequences < 1:
-        parser.error("--steps and --sequences must be at least 1")
+    if min(args.steps, args.sequences, args.max_new_tokens) < 1:
+        parser.error("--steps, --sequences and --max-new-tokens must be at least 1")
     if args.learning_rate is not None and not (math.isfinite(args.learning_rate) and args.learning_rate > 0):
         parser.error(f"--learning-rate {args.learning_rate}: must be a positive finite number")
     if args.out.exists():
         parser.error(f"--out {args.out} exists; choose a new file (results are never overwritten)")
+    try:  # before the minutes of measuring: a place that cannot be written is refused now
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=args.out.parent):
+            pass
+    except OSError as error:
+        parser.error(f"--out {args.out}: cannot write there ({error.strerror or error})")
     try:
-        source, setting = from_config(args.config, 1, None, [args.device])
+        args.source, args.setting = from_config(args.config, steps=1, eval_every=None, devices=[args.device])
     except ValueError as error:
         parser.error(str(error))
-    learning_rate = args.learning_rate or setting.learning_rate
-    torch.manual_seed(args.seed)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
+    learning_rate = args.learning_rate or args.setting.learning_rate
     started = time.time()
-    sequences = token_sequences(source, args.sequences, args.seed)
-    variants = ["bf16", *[v for v in args.variants if v != "bf16"]]
+    data = samples(args.source, args.sequences, args.seed, args.max_new_tokens, args.device)
     reference, records = None, []
-    for variant in variants:
-        record, start = measure(source, variant, sequences, args.steps, learning_rate, reference, args.device)
+    for variant in dict.fromkeys(["bf16", *args.variants]):
+        record, start = measure(args.source, variant, data, args.steps, learning_rate, reference, args.device)
         reference = start if variant == "bf16" else reference
         records.append(record)
-        moves = ", ".join(f"{s['logprob_abs_diff']:.4f} ({s['logprob_mean_change']:+.4f})" for s in record["steps"])
-        noise = "" if record["precision_noise"] is None else f"precision noise {record['precision_noise']:.4f}, "
-        first = record["steps"][0]
-        flips = first["codes"] if first["codes"] is not None else first["bf16"]
-        print(f"{variant:12s} {noise}repeat {record['repeat_max_abs_diff']:.1e}; |Δlogprob| (signed mean) after "
-              f"steps 1..{args.steps}: {moves}; weights changed after step 1: {flips:.2e}", flush=True)  # fmt: skip
+        print(_summary_line(record), flush=True)
     result = {
         "benchmark": "update_sensitivity",
         "command": " ".join(["python -m benchmarks.update_sensitivity", *(argv if argv is not None else sys.argv[1:])]),
         "machine": describe(),
         "config": str(args.config),
-        "checkpoint": str(source.checkpoint),
+        "checkpoint": str(args.source.checkpoint),
         "learning_rate": learning_rate,
         "sequences": args.sequences,
+        "response_tokens": [len(r) for r in data[1]],
         "seed": args.seed,
         "device": args.device,
         "wall_seconds": time.time() - started,
         "variants": records,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"recorded {args.out}")
     return 0
+
+
+def _summary_line(record: dict) -> str:
+    noise = "" if record["precision_noise"] is None else f"precision noise {record['precision_noise']:.4f}, "
+    moves = ", ".join(f"{s['logprob_abs_diff']:.4f} ({s['logprob_mean_change']:+.4f})" for s in record["steps"])
+    first = record["steps"][0]
+    flips = f"codes {first['codes']:.2e}" if first["codes"] is not None else f"bf16 {first['bf16']:.2e}"
+    return (
+        f"{record['variant']:12s} {noise}repeat {record['repeat_max_abs_diff']:.1e}; |Δlogprob| (signed mean) "
+        f"after steps 1..{len(record['steps'])}: {moves}; changed after step 1: {flips}"
+    )
 
 
 if __name__ == "__main__":

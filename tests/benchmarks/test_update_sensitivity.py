@@ -9,21 +9,26 @@ import torch
 from benchmarks.update_sensitivity import changed, main
 
 
-def test_changed_counts_e2m1_codes_per_nibble_scales_per_block_and_bf16_weights():
+def test_changed_counts_e2m1_codes_per_nibble_scales_per_block_and_tensor_and_bf16_elements():
+    e4m3 = torch.float8_e4m3fn
     before = {
-        "w.codes": torch.tensor([0x12, 0x34], dtype=torch.uint8),
-        "w.block_scales": torch.tensor([1, 2, 3, 4], dtype=torch.uint8),
+        "w::codes": torch.tensor([0x12, 0x34], dtype=torch.uint8),
+        "w::block_scales": torch.tensor([1.0, 2.0, 3.0, 4.0]).to(e4m3),
+        "w::global_scale": torch.tensor(0.5),
         "v.weight": torch.ones(2, 2, dtype=torch.bfloat16),
-        "norm.weight": torch.ones(4, dtype=torch.bfloat16),  # not a linear weight: not counted
+        "norm.weight": torch.ones(4, dtype=torch.bfloat16),
     }
     after = {
-        "w.codes": torch.tensor([0x13, 0x43], dtype=torch.uint8),  # one nibble, then both
-        "w.block_scales": torch.tensor([1, 2, 3, 5], dtype=torch.uint8),
+        "w::codes": torch.tensor([0x13, 0x43], dtype=torch.uint8),  # one nibble, then both
+        "w::block_scales": torch.tensor([1.0, 2.0, 3.0, 5.0]).to(e4m3),
+        "w::global_scale": torch.tensor(0.25),
         "v.weight": torch.tensor([[1.0, 1.0], [1.0, 2.0]], dtype=torch.bfloat16),
-        "norm.weight": torch.zeros(4, dtype=torch.bfloat16),
+        "norm.weight": torch.tensor([1.0, 1.0, 1.0, 0.0], dtype=torch.bfloat16),
     }
-    assert changed(before, after) == {"codes": 3 / 4, "block_scales": 1 / 4, "bf16": 1 / 4}
-    assert changed(before, before) == {"codes": 0.0, "block_scales": 0.0, "bf16": 0.0}
+    assert changed(before, after) == {"codes": 3 / 4, "block_scales": 1 / 4, "global_scale": 1.0, "bf16": 2 / 8}
+    assert changed(before, before) == {"codes": 0.0, "block_scales": 0.0, "global_scale": 0.0, "bf16": 0.0}
+    bf16_only = {"v.weight": before["v.weight"]}
+    assert changed(bf16_only, bf16_only)["codes"] is None
 
 
 @pytest.fixture
@@ -40,8 +45,8 @@ def config(warm_start, tmp_path):
 
 def test_records_bf16_first_then_each_plan_with_a_deterministic_forward(config, tmp_path, capsys):
     out = tmp_path / "sensitivity.json"
-    assert main(["--config", str(config), "--steps", "2", "--sequences", "3", "--variants", "nvfp4_token",
-                 "--out", str(out)]) == 0  # fmt: skip
+    assert main(["--config", str(config), "--steps", "2", "--sequences", "3", "--max-new-tokens", "6",
+                 "--variants", "nvfp4_token", "--out", str(out)]) == 0  # fmt: skip
     record = json.loads(out.read_text())
     assert record["benchmark"] == "update_sensitivity" and record["learning_rate"] == 1e-3
     bf16, token = record["variants"]
@@ -49,8 +54,9 @@ def test_records_bf16_first_then_each_plan_with_a_deterministic_forward(config, 
     assert bf16["repeat_max_abs_diff"] == 0.0 and token["repeat_max_abs_diff"] == 0.0
     assert bf16["precision_noise"] is None and token["precision_noise"] > 0
     assert [s["step"] for s in token["steps"]] == [1, 2] and bf16["tokens"] == token["tokens"] > 0
-    # the steps raise the scored tokens' likelihood, and move BF16's weights
-    assert bf16["steps"][-1]["logprob_mean_change"] > 0 and bf16["steps"][0]["bf16"] > 0
+    assert bf16["tokens"] == sum(record["response_tokens"]) and len(record["response_tokens"]) == 3
+    # a step moves BF16's weights and its logprobs
+    assert bf16["steps"][0]["bf16"] > 0 and bf16["steps"][0]["logprob_abs_diff"] > 0
     assert bf16["steps"][0]["codes"] is None and 0 <= token["steps"][0]["codes"] <= 1
     assert "nvfp4_token" in capsys.readouterr().out
 
@@ -60,7 +66,7 @@ def test_records_bf16_first_then_each_plan_with_a_deterministic_forward(config, 
     [
         (["--learning-rate", "nan"], "--learning-rate nan"),
         (["--learning-rate=-1e-5"], "--learning-rate -1e-05"),
-        (["--steps", "0"], "--steps and --sequences"),
+        (["--steps", "0"], "--steps, --sequences and --max-new-tokens"),
     ],
 )
 def test_bad_numbers_exit_2_naming_the_option(config, tmp_path, capsys, args, message):
@@ -76,3 +82,11 @@ def test_an_existing_out_is_never_overwritten(config, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--config", str(config), "--out", str(out)])
     assert exit_info.value.code == 2 and "exists" in capsys.readouterr().err and out.read_text() == "{}"
+
+
+def test_an_out_that_cannot_be_written_is_refused_before_any_work(config, tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--config", str(config), "--out", str(blocker / "o.json")])
+    assert exit_info.value.code == 2 and "cannot write there" in capsys.readouterr().err
