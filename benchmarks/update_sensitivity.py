@@ -89,13 +89,16 @@ def changed(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> 
 
 
 def measure(source, variant: str, data: tuple[list, list], steps: int, learning_rate: float,
-            reference: torch.Tensor | None, device: str) -> tuple[dict, torch.Tensor]:  # fmt: skip
+            reference: torch.Tensor | None, device: str, update: str = "all") -> tuple[dict, torch.Tensor]:  # fmt: skip
     """One plan: its precision noise against ``reference`` (BF16's step-0 logprobs) and, after each of
-    ``steps`` AdamW steps, the movement of its logprobs and weights from step 0; also its step-0
-    logprobs (float64 ``[tokens]``)."""
+    ``steps`` AdamW steps of the parameters ``update`` names (:data:`UPDATES`), the movement of its
+    logprobs and weights from step 0; also its step-0 logprobs (float64 ``[tokens]``)."""
     layers = load_config(source.checkpoint).num_hidden_layers
     plan = plan_for(variant, layers, source.quantize, device)
     model = from_pretrained(source.checkpoint, plan=plan).to(device).train()
+    for name, param in model.named_parameters():
+        # a frozen parameter gets no gradient, so AdamW leaves it exactly as it was
+        param.requires_grad_(update == "all" or (plan.format_of(name) != "bf16") == (update == "quantised"))
     optimizer = torch.optim.AdamW(param_groups(model, plan, 0.0), lr=learning_rate, weight_decay=0.0)
     with torch.no_grad():
         start = logprobs(model, *data)
@@ -104,6 +107,7 @@ def measure(source, variant: str, data: tuple[list, list], steps: int, learning_
     start_weights = quantize_state(published_state(model), plan)
     record = {
         "variant": variant,
+        "update": update,
         "tokens": start.numel(),
         "precision_noise": None if reference is None else float((start - reference).abs().mean()),
         "repeat_max_abs_diff": repeat,
@@ -118,6 +122,11 @@ def measure(source, variant: str, data: tuple[list, list], steps: int, learning_
         weights = changed(start_weights, quantize_state(published_state(model), plan))
         record["steps"].append({"step": step} | _movement(moved) | weights)
     return record, start
+
+
+# Which parameters the steps may change: all; only the plan's quantised weights (their E2M1 codes move);
+# only the others (attention, norms, embeddings, BF16 layers: the activations reaching quantised layers move).
+UPDATES = ("all", "quantised", "bf16")
 
 
 def _movement(moved: torch.Tensor) -> dict[str, float]:
@@ -139,6 +148,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--learning-rate", type=float, default=None, help="default: the config's")
     parser.add_argument("--sequences", type=int, default=8, help="prompts, one response each (default 8)")
     parser.add_argument("--max-new-tokens", type=int, default=96, help="response budget (default 96)")
+    parser.add_argument(
+        "--update", choices=UPDATES, default="all", help="parameters the steps may change (default all): an ablation"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, required=True)
@@ -169,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     data = samples(args.source, args.sequences, args.seed, args.max_new_tokens, args.device)
     reference, records = None, []
     for variant in dict.fromkeys(["bf16", *args.variants]):
-        record, start = measure(args.source, variant, data, args.steps, learning_rate, reference, args.device)
+        update = "all" if variant == "bf16" else args.update  # BF16's own movement stays the yardstick
+        record, start = measure(args.source, variant, data, args.steps, learning_rate, reference, args.device, update)
         reference = start if variant == "bf16" else reference
         records.append(record)
         print(_summary_line(record), flush=True)
@@ -180,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": str(args.config),
         "checkpoint": str(args.source.checkpoint),
         "learning_rate": learning_rate,
+        "update": args.update,
         "sequences": args.sequences,
         "response_tokens": [len(r) for r in data[1]],
         "seed": args.seed,

@@ -90,3 +90,14 @@ def test_an_out_that_cannot_be_written_is_refused_before_any_work(config, tmp_pa
     with pytest.raises(SystemExit) as exit_info:
         main(["--config", str(config), "--out", str(blocker / "o.json")])
     assert exit_info.value.code == 2 and "cannot write there" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("update, frozen", [("quantised", "bf16"), ("bf16", "codes")])
+def test_update_moves_only_the_named_parameters(config, tmp_path, update, frozen):
+    out = tmp_path / "ablation.json"
+    main(["--config", str(config), "--steps", "1", "--sequences", "2", "--max-new-tokens", "4",
+          "--variants", "nvfp4_token", "--update", update, "--out", str(out)])  # fmt: skip
+    bf16, token = json.loads(out.read_text())["variants"]
+    assert bf16["update"] == "all" and token["update"] == update  # BF16's movement stays the yardstick
+    moved = "codes" if frozen == "bf16" else "bf16"
+    assert token["steps"][0][frozen] == 0.0 and token["steps"][0][moved] > 0
