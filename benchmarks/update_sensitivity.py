@@ -10,12 +10,14 @@ responses (sampled once by the BF16 model from the task's prompts, temperature 1
   its own numerics (the trainer's forward, which the sampler reproduces at staleness 0), with its
   median and 90th percentile, and ``logprob_mean_change``, the signed mean (the update's intended
   direction is up: movement that follows the update shows here, movement that does not only in |·|);
-- ``weights_changed``: of weight-sync's form of the published bf16 weights, the fraction of E2M1 codes
-  and of E4M3 block scales that changed, of quantised tensors whose global scale changed, and of the
-  remaining bf16 tensors' elements that changed;
+- ``weights_changed``: of weight-sync's form of the published bf16 weights, the fraction of E2M1 values
+  (a code's sign flip at zero is no change) and of E4M3 block scales that changed, of quantised tensors
+  whose global scale changed, and of the remaining bf16 tensors' elements that changed;
 
 beside the plan's precision noise at step 0 (mean |log π_0 − log π_0^BF16|) and, as a control, the
-largest difference between two forward passes at step 0 (0: the forward is deterministic).
+largest difference between two forward passes at step 0 (0: the forward is deterministic). ``--update``
+restricts the steps to the plan's quantised weights or to the parameters that stay bf16, to ablate where
+the movement comes from (BF16's own run, the yardstick, always steps everything).
 
     .venv/bin/python -m benchmarks.update_sensitivity --config configs/smollm2-stability.yaml \
         --out benchmarks/results/update_sensitivity_smollm2.json
@@ -72,9 +74,7 @@ def changed(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> 
     for name, old in before.items():
         new = after[name]
         if name.endswith("codes"):
-            # two E2M1 codes per byte: a changed nibble is a changed element
-            diff = old ^ new
-            counts["codes"][0] += int(((diff & 0x0F) != 0).sum()) + int(((diff >> 4) != 0).sum())
+            counts["codes"][0] += int((_values(old) != _values(new)).sum())
             counts["codes"][1] += 2 * old.numel()
         elif name.endswith("block_scales"):
             counts["block_scales"][0] += int((old != new).sum())
@@ -86,6 +86,13 @@ def changed(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> 
             counts["bf16"][0] += int((old != new).sum())
             counts["bf16"][1] += old.numel()
     return {key: (n / total if total else None) for key, (n, total) in counts.items()}
+
+
+def _values(codes: torch.Tensor) -> torch.Tensor:
+    """Two E2M1 codes per byte, as ``[2 × bytes]`` int16 standing for their values: −0 (``0b1000``) is +0, so a
+    tiny weight that changes sign but stays zero is no change."""
+    nibbles = torch.stack((codes & 0x0F, codes >> 4)).to(torch.int16)
+    return torch.where(nibbles == 0b1000, 0, nibbles)
 
 
 def measure(source, variant: str, data: tuple[list, list], steps: int, learning_rate: float,

@@ -27,6 +27,8 @@ def test_changed_counts_e2m1_codes_per_nibble_scales_per_block_and_tensor_and_bf
     }
     assert changed(before, after) == {"codes": 3 / 4, "block_scales": 1 / 4, "global_scale": 1.0, "bf16": 2 / 8}
     assert changed(before, before) == {"codes": 0.0, "block_scales": 0.0, "global_scale": 0.0, "bf16": 0.0}
+    signed_zero = {"w::codes": torch.tensor([0x80], dtype=torch.uint8)}  # −0 in the high nibble is still 0
+    assert changed({"w::codes": torch.tensor([0x00], dtype=torch.uint8)}, signed_zero)["codes"] == 0.0
     bf16_only = {"v.weight": before["v.weight"]}
     assert changed(bf16_only, bf16_only)["codes"] is None
 
