@@ -29,14 +29,14 @@ import argparse
 import json
 import math
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 from benchmarks.machine import describe
-from benchmarks.stability.setting import from_config
+from benchmarks.stability.results import check_writable
+from benchmarks.stability.setting import Setting, Source, from_config
 from benchmarks.stability.variants import VARIANTS, plan_for
 from nibble.model import from_pretrained, load_config
 from nibble.model.generate import generate
@@ -146,7 +146,7 @@ def _movement(moved: torch.Tensor) -> dict[str, float]:
     }
 
 
-def _arguments(argv: list[str] | None) -> argparse.Namespace:
+def _arguments(argv: list[str] | None) -> tuple[argparse.Namespace, Source, Setting]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, required=True, help="a run config: its model, task and plan scope")
     parser.add_argument("--variants", nargs="+", default=["nvfp4_naive", "nvfp4_token", "recipe"],
@@ -168,28 +168,23 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--learning-rate {args.learning_rate}: must be a positive finite number")
     if args.out.exists():
         parser.error(f"--out {args.out} exists; choose a new file (results are never overwritten)")
-    try:  # before the minutes of measuring: a place that cannot be written is refused now
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=args.out.parent):
-            pass
-    except OSError as error:
-        parser.error(f"--out {args.out}: cannot write there ({error.strerror or error})")
     try:
-        args.source, args.setting = from_config(args.config, steps=1, eval_every=None, devices=[args.device])
+        check_writable(args.out)
+        source, setting = from_config(args.config, steps=1, eval_every=None, devices=[args.device])
     except ValueError as error:
         parser.error(str(error))
-    return args
+    return args, source, setting
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _arguments(argv)
-    learning_rate = args.learning_rate or args.setting.learning_rate
+    args, source, setting = _arguments(argv)
+    learning_rate = args.learning_rate or setting.learning_rate
     started = time.time()
-    data = samples(args.source, args.sequences, args.seed, args.max_new_tokens, args.device)
+    data = samples(source, args.sequences, args.seed, args.max_new_tokens, args.device)
     reference, records = None, []
     for variant in dict.fromkeys(["bf16", *args.variants]):
         update = "all" if variant == "bf16" else args.update  # BF16's own movement stays the yardstick
-        record, start = measure(args.source, variant, data, args.steps, learning_rate, reference, args.device, update)
+        record, start = measure(source, variant, data, args.steps, learning_rate, reference, args.device, update)
         reference = start if variant == "bf16" else reference
         records.append(record)
         print(_summary_line(record), flush=True)
@@ -198,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["python -m benchmarks.update_sensitivity", *(argv if argv is not None else sys.argv[1:])]),
         "machine": describe(),
         "config": str(args.config),
-        "checkpoint": str(args.source.checkpoint),
+        "checkpoint": str(source.checkpoint),
         "learning_rate": learning_rate,
         "update": args.update,
         "sequences": args.sequences,

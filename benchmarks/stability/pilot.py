@@ -29,13 +29,12 @@ import json
 import math
 import multiprocessing
 import sys
-import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from statistics import fmean, median
 
-from benchmarks.stability.results import ROOT
+from benchmarks.stability.results import ROOT, check_writable
 from benchmarks.stability.run import run_on_free_device
 from benchmarks.stability.setting import from_config
 
@@ -128,21 +127,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _check_writable(out: Path) -> None:
-    """Make ``out``'s directory (as the grid does) and write a scratch file in it, so that a directory the
-    record cannot be written to is refused before the first pilot, not after it.
-
-    Raises:
-        ValueError: naming ``--out`` and the system's reason.
-    """
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out.parent):
-            pass
-    except OSError as exc:
-        raise ValueError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
-
-
 def main(argv: list[str] | None = None) -> None:
     from benchmarks.machine import describe
 
@@ -158,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
         source, base = from_config(args.config, args.steps, args.steps, args.devices)
         source.check_devices()
         source.check_model()
-        _check_writable(args.out)
+        check_writable(args.out)
     except (ValueError, OSError) as exc:
         parser.exit(2, f"error: {exc}\n")
     points = [Point(lr, s) for lr in dict.fromkeys(args.learning_rates) for s in dict.fromkeys(args.staleness)]

@@ -96,6 +96,21 @@ def dumps(document: dict) -> str:
     return text.replace('"runs": []', '"runs": [\n' + ",\n".join(runs) + "\n ]") + "\n"
 
 
+def check_writable(out: Path) -> None:
+    """Make ``out``'s directory and write a scratch file in it, so that a place a record cannot be written to
+    is refused before minutes of measuring, not after them.
+
+    Raises:
+        ValueError: naming ``--out`` and the system's reason.
+    """
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out.parent):
+            pass
+    except OSError as exc:
+        raise ValueError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
+
+
 def save(out: Path, document: dict) -> None:
     """Write ``document`` to ``out`` whole or not at all (a temporary file beside it, renamed into place)."""
     with tempfile.NamedTemporaryFile("w", dir=out.parent, prefix=f".{out.name}.", delete=False) as tmp:

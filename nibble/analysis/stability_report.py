@@ -15,6 +15,7 @@ from pathlib import Path
 from statistics import fmean, stdev
 
 from nibble.analysis.stability_events import COLLAPSE_DROP, collapse_step, judged_steps, spike_steps
+from nibble.simulator.stability_calibration import MARKER, PILOTS_FILE, PILOTS_MARKER
 
 FINAL_WINDOW = 10  # "final reward" = mean batch reward over the last this-many steps
 
@@ -58,11 +59,9 @@ _STEP_RANGES = {
     "skipped_updates": (0, math.inf, True),
     **{name: (0.0, math.inf, True) for name in _TIMING_FIELDS},
 }
-# A results file's marker, and what other benchmarks' files are (so that one passed by mistake is named).
-MARKER = ("benchmark", "stability")
+# What other benchmarks' files are (so that one passed by mistake is named).
 OTHER_BENCHMARKS = {
-    "stability_pilots": "a stability pilots file (benchmarks/stability/pilot.py: the pilots' choice of learning "
-    "rate and staleness, no runs)",
+    PILOTS_MARKER: f"{PILOTS_FILE}, which holds the pilots' choice of learning rate and staleness and no runs",
     "mismatch": "a mismatch benchmark's record",
 }
 

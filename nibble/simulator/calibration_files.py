@@ -167,23 +167,19 @@ def read_mismatch(updates: Updates, path: Path) -> None:
         )
 
 
-# Benchmark records that calibrate nothing: what each is and holds (so that one passed by mistake is named,
-# not read as a mismatch file with an unknown field 'benchmark').
-NOT_CALIBRATION = {
-    "stability_pilots": "a stability pilots file (benchmarks/stability/pilot.py), not a stability or mismatch "
-    "results file: it records the pilots' choice of learning rate and staleness, no step times or floors",
-}
-
-
 def _refuse_other_benchmarks(path: Path, data: dict) -> None:
     """A file without ``rows`` that names a ``"benchmark"`` is refused by name (a mismatch file names none)."""
+    from nibble.simulator.stability_calibration import PILOTS_FILE, PILOTS_MARKER  # it imports this module
+
     kind = data.get("benchmark")
     if kind is None:
         return
     if kind == "mismatch":
         raise ValueError(f"{path}: field 'rows' is missing (the mismatch benchmark's record holds its rows)")
-    what = NOT_CALIBRATION.get(kind) if isinstance(kind, str) else None
-    what = what or f"the {kind!r} benchmark's record, not a stability or mismatch results file"
+    if kind == PILOTS_MARKER:  # the pilots' choice of learning rate and staleness: no step times or floors
+        what = f"{PILOTS_FILE}, not a stability or mismatch results file: it holds no step times or floors"
+    else:
+        what = f"the {kind!r} benchmark's record, not a stability or mismatch results file"
     raise ValueError(
         f'{path}: {what}; calibrate from a stability grid\'s results ("benchmark": "stability") or a mismatch file'
     )

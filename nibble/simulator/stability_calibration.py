@@ -52,6 +52,10 @@ if TYPE_CHECKING:
     from nibble.simulator.calibrate import Updates
 
 MARKER = ("benchmark", "stability")
+# The pilots' record (benchmarks/stability/pilot.py) is a stability benchmark's file that calibrates and
+# reports nothing: named, so that one passed by mistake is refused as what it is.
+PILOTS_MARKER = "stability_pilots"
+PILOTS_FILE = "a stability pilots file (benchmarks/stability/pilot.py)"
 # Plan knobs a variant may record, and the values each may take (nibble.recipe.PrecisionPlan's).
 KNOBS = {
     "format": ("bf16", "mxfp8", "nvfp4"),

@@ -162,7 +162,8 @@ def test_calibrated_floors_below_bf16_s_are_clamped_not_a_crash(tmp_path):
     assert "no configuration is stable on every seed" in result.stdout
 
 
-def test_calibrate_takes_step_times_from_a_stability_grid(tmp_path):
+def _timed_grid(tmp_path, generate_seconds: dict[str, float]) -> Path:
+    """A stability grid's file on an H200 with one timed step per variant of ``generate_seconds``."""
     grid = {
         "benchmark": "stability", "machine": {"gpu": "NVIDIA H200"},
         "variants": {"bf16": {"format": "bf16"}, "nvfp4_naive": {
@@ -170,10 +171,15 @@ def test_calibrate_takes_step_times_from_a_stability_grid(tmp_path):
             "bf16_last_fraction": 0.0, "bf16_shared_experts": False}},
         "runs": [{"variant": v, "seed": 0, "steps": [
             {"step": 1, "generate_seconds": g, "train_seconds": 0.5, "publish_seconds": 0.1, "eval_seconds": None}]}
-            for v, g in (("bf16", 2.0), ("nvfp4_naive", 1.5))],
+            for v, g in generate_seconds.items()],
     }  # fmt: skip
     path = tmp_path / "stability.json"
     path.write_text(json.dumps(grid))
+    return path
+
+
+def test_calibrate_takes_step_times_from_a_stability_grid(tmp_path):
+    path = _timed_grid(tmp_path, {"bf16": 2.0, "nvfp4_naive": 1.5})
     result = run("--steps", "20", "--out", str(tmp_path / "out"), "--calibrate", str(path), "--json")
     assert result.returncode == 0, result.stderr
     calibration = json.loads(result.stdout)["calibration"]
@@ -184,17 +190,7 @@ def test_calibrate_takes_step_times_from_a_stability_grid(tmp_path):
 
 
 def test_a_speed_up_from_measured_and_published_step_times_is_flagged(tmp_path):
-    grid = {
-        "benchmark": "stability", "machine": {"gpu": "NVIDIA H200"},
-        "variants": {"bf16": {"format": "bf16"}, "nvfp4_naive": {
-            "format": "nvfp4", "activation_scale": "per_tensor", "four_over_six": None, "backward": "high_precision",
-            "bf16_last_fraction": 0.0, "bf16_shared_experts": False}},
-        "runs": [{"variant": v, "seed": 0, "steps": [
-            {"step": 1, "generate_seconds": 2.0, "train_seconds": 0.5, "publish_seconds": 0.1, "eval_seconds": None}]}
-            for v in ("bf16", "nvfp4_naive")],
-    }  # fmt: skip
-    path = tmp_path / "stability.json"
-    path.write_text(json.dumps(grid))
+    path = _timed_grid(tmp_path, {"bf16": 2.0, "nvfp4_naive": 2.0})
     # The default plan (four-over-six, dequantised backward) was not measured: its times stay published.
     result = run("--steps", "20", "--out", str(tmp_path / "a"), "--calibrate", str(path))
     assert result.returncode == 0, result.stderr
