@@ -139,6 +139,12 @@ def run_one(source: Source | Path, variant: str, seed: int, setting: Setting, de
             accuracy_now = evaluate(model, task) if evaluated else None
             seconds["eval_seconds"] = clock.lap() if evaluated else None
             records.append(_record(step, batch, result, accuracy_now) | seconds)
+            if evaluated:  # a 150-step run takes minutes: say how far it is at every evaluation
+                print(
+                    f"  {variant} seed {seed} {device}: step {step}/{setting.steps}, {time.time() - started:.0f}s, "
+                    f"held-out accuracy {accuracy_now:.3f}",
+                    flush=True,
+                )
     return {
         "variant": variant,
         "seed": seed,
