@@ -11,6 +11,7 @@ from pathlib import Path
 from benchmarks.stability.setting import Setting, Source
 from benchmarks.stability.variants import VARIANTS
 from nibble.analysis import stability_events
+from nibble.analysis.stability_report import check_marker
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,13 +48,16 @@ def earlier_part(out: Path, document: dict) -> tuple[list[dict], list[dict]]:
     that appends to it (none when ``out`` does not exist).
 
     Raises:
-        ValueError: ``out`` is not a results file, or was made with another checkpoint, task, plan scope
-            or setting (naming the first field that differs): runs of two settings are not one grid.
+        ValueError: ``out`` is not a results file (naming what it is when it is another benchmark's record,
+            the stability pilots', say), or was made with another checkpoint, task, plan scope or setting
+            (naming the first field that differs): runs of two settings are not one grid.
     """
     if not out.exists():
         return [], []
     try:
         earlier = json.loads(out.read_text())
+        if isinstance(earlier, dict):
+            check_marker(out, earlier)
         runs = earlier["runs"]
         if not all(isinstance(r, dict) and {"variant", "seed", "steps"} <= r.keys() for r in runs):
             raise TypeError("a run without variant, seed and steps")

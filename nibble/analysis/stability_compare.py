@@ -23,12 +23,20 @@ range of ``s`` it covers; it is not fed into the simulator (why: :mod:`nibble.si
 
 The model knows no activation-scale knob: variants that differ only in per-token against per-tensor
 activation scales get the same prediction.
+
+When the file records step times, :func:`speed_ups` also gives the simulator's speed of each timed
+variant's plan, run asynchronously (``max_staleness`` :data:`ASYNC_STALENESS`, the rest of
+:class:`~nibble.simulator.config.SimConfig`'s workload), against synchronous BF16, as ``nibble simulate
+--calibrate FILE`` with that plan gives it: each side on its own format's rollout, train and weight-sync
+seconds from the file. A variant whose plan the step times are not calibrated for, or whose comparison
+would need a time the file does not hold (BF16's, say), is skipped with the reason.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from statistics import fmean
 
 from nibble.analysis.stability_report import Spread, summarize_run
@@ -36,7 +44,9 @@ from nibble.simulator import drift_model
 from nibble.simulator.calibrate import Calibration
 from nibble.simulator.config import SimConfig
 from nibble.simulator.dynamics import run_dynamics
-from nibble.simulator.simulate import floor_of, spikes_of
+from nibble.simulator.simulate import floor_of, spikes_of, step_names, step_seconds, sync_bf16, sync_bf16_seconds
+from nibble.simulator.stability_calibration import TIMED, rollout_key, source_label
+from nibble.simulator.timeline import build_timeline
 
 # nibble.recipe.PrecisionPlan's defaults, for knobs a variant does not state (tests check them against it).
 PLAN_DEFAULTS = {
@@ -47,6 +57,8 @@ PLAN_DEFAULTS = {
 }
 # The model knows the last 15% of layers in BF16 or none.
 _LAST_FRACTIONS = {0.0: False, 0.15: True}
+# The staleness of the asynchronous side of a speed-up: nibble simulate's default.
+ASYNC_STALENESS = SimConfig().max_staleness
 
 
 def sim_config(variant: str, knobs: dict) -> SimConfig:
@@ -221,13 +233,81 @@ def table_cells(rows: list[Comparison]) -> list[list[str]]:
     ]
 
 
-def markdown(rows: list[Comparison], calibration: Calibration) -> str:
-    """The comparison table and the floors' sources, as markdown."""
+def markdown(rows: list[Comparison], calibration: Calibration, speeds: list[SpeedUp], skipped: list[str]) -> str:
+    """The comparison table and the floors' sources, then the speed-ups and what was skipped, as markdown."""
 
     def row(cells) -> str:
         return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
     lines = [row(COLUMNS), "|" + "---|" * len(COLUMNS), *(row(c) for c in table_cells(rows)), ""]
     sources = sorted({calibration.sources[f"floors.{k}"] for k in drift_model.FORMAT_KEYS})
-    lines.append(f"Floors f from: {'; '.join(sources)}.")
+    lines += [f"Floors f from: {'; '.join(sources)}.", "", f"The {speed_title()}:", ""]
+    if speeds:
+        lines += [row(SPEED_COLUMNS), "|" + "---|" * len(SPEED_COLUMNS), *(row(c) for c in speed_cells(speeds)), ""]
+    lines += [f"- skipped: {line}" for line in skipped] or ["- none skipped"]
     return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class SpeedUp:
+    """The simulator's wall-clock for one variant's plan, asynchronous, and for synchronous BF16 (seconds)."""
+
+    variant: str
+    config: SimConfig
+    seconds: tuple[float, float, float]  # the plan's rollout, train and weight-sync seconds
+    wall_clock_seconds: float
+    sync_bf16_wall_clock_seconds: float
+
+    @property
+    def speed(self) -> float:
+        return self.sync_bf16_wall_clock_seconds / self.wall_clock_seconds
+
+
+def speed_ups(path: Path, results: dict, calibration: Calibration) -> tuple[list[SpeedUp], list[str]]:
+    """The speed-ups of the timed variants of ``results`` (read from ``path``, its step times loaded last
+    into ``calibration``), in order of first appearance, and one line per variant skipped saying why."""
+    variants, label = results.get("variants") or {}, source_label(path, results) + ": "
+    speeds, skipped = [], []
+    for name in dict.fromkeys(run["variant"] for run in results["runs"]):
+        if not any(TIMED[0] in step for run in results["runs"] if run["variant"] == name for step in run["steps"]):
+            skipped.append(f"{name}: no run of it records step times")
+            continue
+        if rollout_key(variants[name]) is None:
+            skipped.append(
+                f"{name}: its plan is none the step times are calibrated for (bf16, mxfp8, NVFP4's naive forward "
+                "with or without 4/6): the simulator would run it on another variant's times"
+            )
+            continue
+        config = sim_config(name, variants[name]).with_(max_staleness=ASYNC_STALENESS)
+        names = (*step_names(config), *step_names(sync_bf16(config)))
+        elsewhere = [n for n in names if not calibration.sources[n].startswith(label)]
+        if elsewhere:
+            skipped.append(f"{name}: the file times no run behind {', '.join(elsewhere)}")
+            continue
+        seconds = step_seconds(config, calibration)
+        wall = build_timeline(config, *seconds).end_time
+        speeds.append(SpeedUp(name, config, seconds, wall, sync_bf16_seconds(config, calibration)))
+    return speeds, skipped
+
+
+SPEED_COLUMNS = ("variant", "speed × sync BF16", "rollout s", "train s", "weight sync s", "wall-clock s",
+                 "sync BF16 wall-clock s")  # fmt: skip
+
+
+def speed_title() -> str:
+    """What the speed-ups are, for the table's title."""
+    c = SimConfig()
+    return (
+        f"simulated speed vs synchronous BF16, each plan on its own format's step times and weight-sync pause "
+        f"from the file (max_staleness {ASYNC_STALENESS}, {c.num_samplers} samplers, batch {c.batch}, "
+        f"{c.horizon} horizon, {c.steps} steps, seed {c.seed})"
+    )
+
+
+def speed_cells(speeds: list[SpeedUp]) -> list[list[str]]:
+    """The speed-ups as text cells in :data:`SPEED_COLUMNS` order."""
+    cells = []
+    for s in speeds:
+        walls = (s.wall_clock_seconds, s.sync_bf16_wall_clock_seconds)
+        cells.append([s.variant, f"{s.speed:.2f}", *(f"{v:.4g}" for v in s.seconds), *(f"{w:.1f}" for w in walls)])
+    return cells

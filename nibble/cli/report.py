@@ -56,37 +56,54 @@ def stability(
 
 
 def _comparison(results: Path, data: dict, calibrate: list[Path]):
-    """``(rows, calibration)``: the floors from ``calibrate`` (else the article's); the step times from
-    ``results`` when it holds them (they do not enter the drift model, but the sources are printed)."""
-    from nibble.analysis.stability_compare import compare
-    from nibble.simulator.calibrate import load, published
+    """``(rows, calibration, speed-ups, skipped)``: the floors from ``calibrate`` (else the article's); the
+    step times from ``results`` when it holds them of a plan they calibrate (they do not enter the drift
+    model; they give the speed-ups), else the speed-ups are skipped, saying why."""
+    from nibble.analysis.stability_compare import compare, speed_ups
+    from nibble.simulator.calibrate import NothingToCalibrate, load, published
     from nibble.simulator.stability_calibration import has_step_times
 
     calibration = load(calibrate) if calibrate else published()
+    untimed = f"{results}: no step records generate_seconds (a file written before step times were recorded)"
     if has_step_times(data):
-        calibration = load([results], base=calibration)
+        try:
+            calibration, untimed = load([results], base=calibration), None
+        except NothingToCalibrate as exc:
+            untimed = str(exc)
     try:
-        return compare(data, calibration), calibration
+        rows = compare(data, calibration)
     except ValueError as exc:
         raise ValueError(f"{results}: {exc}") from None
+    speeds, skipped = speed_ups(results, data, calibration) if untimed is None else ([], [f"every variant: {untimed}"])
+    return rows, calibration, speeds, skipped
 
 
-def _print_comparison(console, out: Path, rows, calibration) -> None:
+def _print_comparison(console, out: Path, rows, calibration, speeds, skipped) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from nibble.analysis.stability_compare import COLUMNS, markdown, table_cells
+    from nibble.analysis import stability_compare as compared
 
-    (out / "simulate.md").write_text(markdown(rows, calibration))
+    (out / "simulate.md").write_text(compared.markdown(rows, calibration, speeds, skipped))
+    wide = Console(width=240)
     table = Table(title="the drift model (docs/design.md §7) driven by each run's plan and staleness, vs measured")
-    for column in COLUMNS:
+    for column in compared.COLUMNS:
         table.add_column(column, justify="left" if column == "variant" else "right")
-    for cells in table_cells(rows):
+    for cells in compared.table_cells(rows):
         table.add_row(*cells)
-    Console(width=240).print(table)
+    wide.print(table)
     for name, value, source in calibration.rows():
         if name.startswith("floors."):
             console.print(f"  {name} = {value:.4g}  <- {source}")
+    if speeds:
+        table = Table(title=compared.speed_title())
+        for column in compared.SPEED_COLUMNS:
+            table.add_column(column, justify="left" if column == "variant" else "right")
+        for cells in compared.speed_cells(speeds):
+            table.add_row(*cells)
+        wide.print(table)
+    for line in skipped:
+        console.print(f"  speed vs synchronous BF16 skipped: {line}", soft_wrap=True)
     console.print(f"simulate.md in {out}")
 
 

@@ -176,19 +176,25 @@ def _number(value) -> str:
 
 
 def _print_sources(calibration) -> None:
-    """Which numbers came from where: each measured replacement on its own line, the rest summarised."""
-    from nibble.simulator.calibrate import PUBLISHED_SOURCE, WEIGHT_SYNC_SOURCE
+    """Which numbers came from where: each measured replacement on its own line, the rest summarised; the
+    pauses still illustrative are named, as a file timing some formats leaves the others' pauses as they were."""
+    from nibble.simulator.calibrate import DEFAULT_SOURCES, PUBLISHED_SOURCE, WEIGHT_SYNC_SOURCE
 
-    defaults = (PUBLISHED_SOURCE, WEIGHT_SYNC_SOURCE)
+    rows = calibration.rows()
     typer.echo("inputs and where they came from:")
-    for name, value, source in calibration.rows():
-        if source not in defaults:
+    for name, value, source in rows:
+        if source not in DEFAULT_SOURCES:
             typer.echo(f"  {name} = {value:.4g}  <- {source}")
-    if any(source == PUBLISHED_SOURCE for _, _, source in calibration.rows()):
-        replaced = any(source not in defaults for _, _, source in calibration.rows())
+    replaced = any(source not in DEFAULT_SOURCES for _, _, source in rows)
+    if any(source == PUBLISHED_SOURCE for _, _, source in rows):
         typer.echo(f"  {'other ' if replaced else ''}floors and step times: {PUBLISHED_SOURCE}")
-    if calibration.sources["weight_sync"] == WEIGHT_SYNC_SOURCE:
-        typer.echo(f"  weight_sync = {calibration.weight_sync_seconds:g} s: {WEIGHT_SYNC_SOURCE}")
+    kept = [(name, value) for name, value, source in rows if source == WEIGHT_SYNC_SOURCE]
+    if len(kept) == len(calibration.weight_sync_seconds):
+        typer.echo(f"  weight_sync (every format) = {kept[0][1]:g} s: {WEIGHT_SYNC_SOURCE}")
+    elif kept:
+        names = ", ".join(name for name, _ in kept)
+        why = "kept: no calibration file timed these formats"
+        typer.echo(f"  {names} = {kept[0][1]:g} s: {WEIGHT_SYNC_SOURCE} ({why})")
 
 
 def _console():
@@ -206,7 +212,7 @@ def _optimize(config, calibration, out: Path, as_json: bool, *, seeds: int, max_
     if top < 0:
         raise ValueError(f"top={top} must be at least 0 (--top)")
     candidates = optimize.search(config, calibration, seeds=seeds, max_samplers=max_samplers)
-    step_times = [name for name in calibration.sources if name.startswith(("rollout.", "train."))]
+    step_times = [name for name in calibration.sources if name.startswith(("rollout.", "train.", "weight_sync."))]
     mixed = mixed_sources(calibration, step_times)
     front = optimize.frontier(candidates)
     record = {

@@ -1,7 +1,7 @@
 """The measured numbers behind the simulator, and replacing them with ones Nibble measured.
 
 A :class:`Calibration` holds the precision floors, rollout and train seconds per step and the weight-sync
-pause, each with a note of where it came from. :func:`published` gives the article's numbers
+pause per format, each with a note of where it came from. :func:`published` gives the article's numbers
 (docs/design.md §7); :func:`load` overrides them from files, in order (a later file wins for the same number).
 :mod:`nibble.simulator.calibration_files` reads the accepted files (README.md "Calibration" documents them).
 
@@ -46,22 +46,27 @@ PUBLISHED_SOURCE = "published: The 4-Bitter Lesson (humans&, 2026), Qwen3-30B-A3
 # Not a measurement: slime's 48 s for a 355B model over NCCL (docs/design.md §8) scaled by size to a 30B model.
 WEIGHT_SYNC_SECONDS = 5.0
 WEIGHT_SYNC_SOURCE = "illustrative: 48 s for 355B over NCCL (slime) scaled to 30B"
+# Sources of the numbers no file replaced.
+DEFAULT_SOURCES = (PUBLISHED_SOURCE, WEIGHT_SYNC_SOURCE)
 # The largest table floor a measurement up to MAX_FLOOR converts to (the smallest plan factor is 0.8).
 MAX_TABLE_FLOOR = MAX_FLOOR / plan_floor_factor(True, True)
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """Measured inputs of the model. Units: floors in nats per token, times in seconds per train step.
+    """Measured inputs of the model. Units: floors in nats per token, times in seconds per train step
+    (the weight-sync pause: seconds per swap, per sampler).
 
     ``floors`` are *table* floors (``f_format`` of :func:`nibble.simulator.drift_model.precision_floor`): each at least
-    the BF16 floor, at least 0 and at most :data:`MAX_TABLE_FLOOR`. Checked on construction.
+    the BF16 floor, at least 0 and at most :data:`MAX_TABLE_FLOOR`. ``weight_sync_seconds`` is per format key,
+    as ``rollout_seconds`` is: publishing and quantising NVFP4 weights is not BF16's cost. Checked on
+    construction (:class:`ValueError` naming the table and key).
     """
 
     floors: dict[str, float]  # keys: FORMAT_KEYS
     rollout_seconds: dict[str, float]  # keys: FORMAT_KEYS
     train_seconds: dict[str, float]  # keys: TRAIN_KEYS
-    weight_sync_seconds: float
+    weight_sync_seconds: dict[str, float]  # keys: FORMAT_KEYS
     sources: dict[str, str] = field(default_factory=dict)  # "floors.nvfp4" → where the number came from
 
     def __post_init__(self) -> None:
@@ -69,6 +74,7 @@ class Calibration:
             ("floors", self.floors, FORMAT_KEYS),
             ("rollout", self.rollout_seconds, FORMAT_KEYS),
             ("train", self.train_seconds, TRAIN_KEYS),
+            ("weight_sync", self.weight_sync_seconds, FORMAT_KEYS),
         ):
             if set(table) != set(keys):
                 raise ValueError(f"calibration {name} must have the keys {', '.join(keys)}, got {sorted(table)}")
@@ -83,39 +89,49 @@ class Calibration:
                 )
         seconds = [(f"rollout.{k}", v) for k, v in self.rollout_seconds.items()]
         seconds += [(f"train.{k}", v) for k, v in self.train_seconds.items()]
-        for name, value in [*seconds, ("weight_sync", self.weight_sync_seconds)]:
+        seconds += [(f"weight_sync.{k}", v) for k, v in self.weight_sync_seconds.items()]
+        for name, value in seconds:
             if not is_real(value) or not 0 < value <= MAX_STEP_SECONDS:
                 raise ValueError(f"{name}={value!r} must be a number of seconds in (0, {MAX_STEP_SECONDS:g}]")
 
     def rows(self) -> list[tuple[str, float, str]]:
         """``(name, value, source)`` for every number, in a fixed order."""
         out = [(f"floors.{k}", self.floors[k], self.sources[f"floors.{k}"]) for k in FORMAT_KEYS]
-        out += [(f"rollout.{k}", self.rollout_seconds[k], self.sources[f"rollout.{k}"]) for k in FORMAT_KEYS]
-        out += [(f"train.{k}", self.train_seconds[k], self.sources[f"train.{k}"]) for k in TRAIN_KEYS]
-        out.append(("weight_sync", self.weight_sync_seconds, self.sources["weight_sync"]))
+        for table, keys in (("rollout", FORMAT_KEYS), ("train", TRAIN_KEYS), ("weight_sync", FORMAT_KEYS)):
+            out += [(f"{table}.{k}", self.seconds(f"{table}.{k}"), self.sources[f"{table}.{k}"]) for k in keys]
         return out
+
+    def seconds(self, name: str) -> float:
+        """The seconds named ``rollout.<key>``, ``train.<key>`` or ``weight_sync.<key>`` (a key of ``sources``).
+
+        Raises:
+            KeyError: for any other name (a bug: names come from the key functions of ``drift_model``).
+        """
+        table, _, key = name.partition(".")
+        tables = {"rollout": self.rollout_seconds, "train": self.train_seconds, "weight_sync": self.weight_sync_seconds}
+        return tables[table][key]
 
     def as_dict(self) -> dict:
         return {
             "floors": dict(self.floors),
             "rollout_seconds": dict(self.rollout_seconds),
             "train_seconds": dict(self.train_seconds),
-            "weight_sync_seconds": self.weight_sync_seconds,
+            "weight_sync_seconds": dict(self.weight_sync_seconds),
             "sources": dict(self.sources),
         }
 
 
 def published() -> Calibration:
-    """The article's floors and step times, and the illustrative weight-sync pause."""
+    """The article's floors and step times, and the illustrative weight-sync pause (the same for every format)."""
     sources = {f"floors.{k}": PUBLISHED_SOURCE for k in FORMAT_KEYS}
     sources |= {f"rollout.{k}": PUBLISHED_SOURCE for k in FORMAT_KEYS}
     sources |= {f"train.{k}": PUBLISHED_SOURCE for k in TRAIN_KEYS}
-    sources["weight_sync"] = WEIGHT_SYNC_SOURCE
+    sources |= {f"weight_sync.{k}": WEIGHT_SYNC_SOURCE for k in FORMAT_KEYS}
     return Calibration(
         floors=dict(PUBLISHED_FLOORS),
         rollout_seconds=dict(PUBLISHED_ROLLOUT_SECONDS),
         train_seconds=dict(PUBLISHED_TRAIN_SECONDS),
-        weight_sync_seconds=WEIGHT_SYNC_SECONDS,
+        weight_sync_seconds=dict.fromkeys(FORMAT_KEYS, WEIGHT_SYNC_SECONDS),
         sources=sources,
     )
 
@@ -131,8 +147,8 @@ def load(paths: list[Path], base: Calibration | None = None) -> Calibration:
     Raises:
         ValueError: naming the file and the field, for a missing path, invalid JSON, an unknown key, a
             value that is not a number in its range (floors: 0 to 1 nat per token; seconds: positive, at
-            most :data:`MAX_STEP_SECONDS`) or not one of the allowed words, or a file that holds no
-            number to calibrate from.
+            most :data:`MAX_STEP_SECONDS`) or not one of the allowed words, or (as :class:`NothingToCalibrate`)
+            a file that holds no number to calibrate from.
     """
     updates = Updates(published() if base is None else base)
     for path in paths:
@@ -148,6 +164,10 @@ def load(paths: list[Path], base: Calibration | None = None) -> Calibration:
         else:
             raise ValueError(f"{path}: no such file or directory")
     return updates.build()
+
+
+class NothingToCalibrate(ValueError):
+    """A well-formed file that holds no number the simulator takes (a report can go on without it)."""
 
 
 @dataclass(frozen=True)
@@ -167,18 +187,15 @@ class Updates:
         self.floors: dict[str, _Measured] = {}
         self.rollout = dict(base.rollout_seconds)
         self.train = dict(base.train_seconds)
-        self.weight_sync = base.weight_sync_seconds
+        self.weight_sync = dict(base.weight_sync_seconds)
         self.sources = dict(base.sources)
         self.count = 0  # numbers read from the current file
 
     def start(self) -> None:
         self.count = 0
 
-    def set(self, table: dict | None, name: str, key: str, value: float, source: str) -> None:
-        if table is None:
-            self.weight_sync = value
-        else:
-            table[key] = value
+    def set(self, table: dict, name: str, key: str, value: float, source: str) -> None:
+        table[key] = value
         self.sources[name] = source
         self.count += 1
 
@@ -187,8 +204,9 @@ class Updates:
         self.count += 1
 
     def finish(self, path: Path, what: str = "floors, step times") -> None:
+        """Raises :class:`NothingToCalibrate` when the current file set no number (``what``: what it lacks)."""
         if not self.count:
-            raise ValueError(f"{path}: holds no number to calibrate from ({what})")
+            raise NothingToCalibrate(f"{path}: holds no number to calibrate from ({what})")
 
     def build(self) -> Calibration:
         floors, sources = {}, dict(self.sources)

@@ -14,13 +14,16 @@ Accepted (README.md "Calibration" documents them):
     {"source": "free text", "plan": {"bf16_last_15": true, "bf16_shared_experts": false},
      "floors": {"bf16": 0.011, "mxfp8": 0.02, "nvfp4": 0.041, "nvfp4_4o6": 0.031},        # any subset
      "step_seconds": {"rollout": {"bf16": 109.4, ...}, "train": {"nvfp4_dequantized": 70.4, ...},
-                      "weight_sync": 5.0}}
+                      "weight_sync": {"bf16": 5.0, "nvfp4": 6.0, ...}}}
+
+  (``weight_sync`` as one number, as files before the pause was per format give it, is every format's);
 
 - a stability grid's results file (``"benchmark": "stability"``): step times only, see
   :mod:`nibble.simulator.stability_calibration` for what it can and cannot calibrate;
 - a *run directory* holding ``summary.json`` as ``nibble run`` writes it (``precision``, ``four_over_six``,
   ``logprob_abs_diff_mean``, ``fresh_logprob_abs_diff_mean``, ``config`` with ``config.plan`` and
-  ``config.trainer.max_staleness``), and a ``mismatch.json`` beside it if present.
+  ``config.trainer.max_staleness``; its optional step times and ``weight_sync_seconds`` are the run's
+  format's), and a ``mismatch.json`` beside it if present.
 
 Every field is checked: an unknown key, a value out of its range or a word not allowed fails naming the
 file and the field.
@@ -233,10 +236,26 @@ def _apply_floors_file(updates: Updates, path: Path, data: dict) -> None:
     for key, value in _object(path, "step_seconds.train", steps.get("train", {}), TRAIN_KEYS).items():
         name = f"step_seconds.train.{key}"
         updates.set(updates.train, f"train.{key}", key, _seconds(path, name, value), f"{label}: {name}")
-    if "weight_sync" in steps:
-        value = _seconds(path, "step_seconds.weight_sync", steps["weight_sync"])
-        updates.set(None, "weight_sync", "", value, f"{label}: step_seconds.weight_sync")
+    _apply_weight_sync(updates, path, steps, label)
     updates.finish(path)
+
+
+def _apply_weight_sync(updates: Updates, path: Path, steps: dict, label: str) -> None:
+    """``step_seconds.weight_sync``: an object of pauses per format key (any subset), or one number, as files
+    written before the pause was per format hold, which is every format's pause."""
+    if "weight_sync" not in steps:
+        return
+    value = steps["weight_sync"]
+    if isinstance(value, dict):
+        for key, seconds in _object(path, "step_seconds.weight_sync", value, FORMAT_KEYS).items():
+            name = f"step_seconds.weight_sync.{key}"
+            pause = _seconds(path, name, seconds)
+            updates.set(updates.weight_sync, f"weight_sync.{key}", key, pause, f"{label}: {name}")
+        return
+    value = _seconds(path, "step_seconds.weight_sync", value)
+    source = f"{label}: step_seconds.weight_sync (one number: every format's pause)"
+    for key in FORMAT_KEYS:
+        updates.set(updates.weight_sync, f"weight_sync.{key}", key, value, source)
 
 
 def _setting(data: dict, section: dict, key: str, section_key: str, section_name: str) -> tuple[str, object] | None:
@@ -314,7 +333,7 @@ def read_summary(updates: Updates, path: Path) -> None:
         if backward == "quantized" and precision != "bf16":
             note += " (backward 'quantized', filed under the dequantized backward: the model has no quantized one)"
         updates.set(updates.train, f"train.{key}", key, value, note)
-    if "weight_sync_seconds" in data:
+    if "weight_sync_seconds" in data:  # the run's own format, as its rollout time
         value = _seconds(path, "weight_sync_seconds", data["weight_sync_seconds"])
-        updates.set(None, "weight_sync", "", value, f"{path}: weight_sync_seconds")
+        updates.set(updates.weight_sync, f"weight_sync.{fmt}", fmt, value, f"{path}: weight_sync_seconds")
     updates.finish(path)

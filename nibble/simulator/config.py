@@ -52,7 +52,8 @@ class SimConfig:
         bf16_shared_experts: shared experts kept in BF16.
         max_staleness: trajectories more than this many versions behind the trainer are discarded
             (0 = synchronous: one batch generated per version); also sets admission control.
-        weight_sync: model the weight-sync pause (a sampler stops generating while it swaps weights).
+        weight_sync: model the weight-sync pause (a sampler stops generating while it swaps weights, for its
+            format's ``Calibration.weight_sync_seconds``).
         inflight_updates: samplers swap weights in the middle of a rollout (PipelineRL-style), so one
             trajectory mixes versions; off = Nibble's rule, swap only between rollouts (docs/design.md §5).
         batch: trajectory groups per train step.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nibble.simulator import drift_model
-from nibble.simulator.calibrate import PUBLISHED_SOURCE, Calibration, published
+from nibble.simulator.calibrate import DEFAULT_SOURCES, Calibration, published
 from nibble.simulator.config import SimConfig
 from nibble.simulator.dynamics import Dynamics, run_dynamics, step_costs
 from nibble.simulator.timeline import Timeline, build_timeline
@@ -61,35 +61,43 @@ class SimResult:
 
 
 def step_seconds(config: SimConfig, calibration: Calibration) -> tuple[float, float, float]:
-    """``(rollout, train, weight sync)`` seconds for ``config`` under ``calibration``."""
+    """``(rollout, train, weight sync)`` seconds for ``config`` under ``calibration``: each of its own format
+    (and backward, for the train time)."""
+    rollout, train, sync = (calibration.seconds(name) for name in step_names(config))
+    return rollout, train, sync
+
+
+def step_names(config: SimConfig) -> tuple[str, str, str]:
+    """Names (as in ``Calibration.sources``) of the rollout, train and weight-sync seconds ``config`` runs on."""
     fmt = drift_model.format_key(config.precision, config.four_over_six)
     train = drift_model.train_key(config.precision, config.dequantized_backward)
-    return calibration.rollout_seconds[fmt], calibration.train_seconds[train], calibration.weight_sync_seconds
+    return f"rollout.{fmt}", f"train.{train}", f"weight_sync.{fmt}"
+
+
+def sync_bf16_seconds(config: SimConfig, calibration: Calibration) -> float:
+    """Wall-clock seconds of ``config``'s steps run as synchronous BF16, on BF16's own step times and pause."""
+    baseline = sync_bf16(config)
+    return build_timeline(baseline, *step_seconds(baseline, calibration)).end_time
 
 
 def mixed_step_times(config: SimConfig, calibration: Calibration) -> list[str]:
-    """The step times behind ``config``'s ``speed_vs_sync_bf16`` when some are published and some measured:
-    its rollout and train seconds and the synchronous BF16 baseline's (``rollout.bf16``, ``train.bf16``), each
-    as ``"name (source)"``; empty when all are published or all measured.
+    """The step times behind ``config``'s ``speed_vs_sync_bf16`` when some are published (or the illustrative
+    pause) and some measured: its rollout, train and weight-sync seconds and the synchronous BF16 baseline's,
+    each as ``"name (source)"``; empty when all are defaults or all measured.
 
     A calibration file replaces only the keys it measured (a grid of ``bf16`` and ``nvfp4_naive`` gives no
-    four-over-six rollout time), so a run may set a measured time beside a published one: a 135 M model's
-    sub-second H200 step against the article's 30 B model's minutes. Their ratio is no speed-up.
+    four-over-six rollout time or pause), so a run may set a measured time beside a published one: a 135 M
+    model's sub-second H200 step against the article's 30 B model's minutes. Their ratio is no speed-up.
     """
-    names = (
-        f"rollout.{drift_model.format_key(config.precision, config.four_over_six)}",
-        f"train.{drift_model.train_key(config.precision, config.dequantized_backward)}",
-        "rollout.bf16",
-        f"train.{drift_model.train_key('bf16', False)}",
-    )
-    return mixed_sources(calibration, names)
+    return mixed_sources(calibration, (*step_names(config), *step_names(sync_bf16(config))))
 
 
 def mixed_sources(calibration: Calibration, names) -> list[str]:
-    """``names`` (keys of ``calibration.sources``) as ``"name (source)"`` when some are published and some
-    measured; empty otherwise. ``--optimize`` passes every step time, as it compares every plan."""
+    """``names`` (keys of ``calibration.sources``) as ``"name (source)"`` when some are defaults (published,
+    illustrative) and some measured; empty otherwise. ``--optimize`` passes every step time, as it compares
+    every plan."""
     names = tuple(dict.fromkeys(names))
-    if len({calibration.sources[n] == PUBLISHED_SOURCE for n in names}) <= 1:
+    if len({calibration.sources[n] in DEFAULT_SOURCES for n in names}) <= 1:
         return []
     return [f"{n} ({calibration.sources[n]})" for n in names]
 
@@ -131,10 +139,9 @@ def simulate(config: SimConfig, calibration: Calibration | None = None, *, ghost
     """Simulate ``config``; with ``ghosts``, also the other two precisions (same knobs otherwise)."""
     calibration = published() if calibration is None else calibration
     run = run_config(config, calibration)
-    baseline = build_timeline(sync_bf16(config), *step_seconds(sync_bf16(config), calibration))
     others = {}
     if ghosts:
         for precision in drift_model.PRECISIONS:
             if precision != config.precision:
                 others[precision] = run_config(config.with_(precision=precision), calibration)
-    return SimResult(run, baseline.end_time, calibration, others)
+    return SimResult(run, sync_bf16_seconds(config, calibration), calibration, others)

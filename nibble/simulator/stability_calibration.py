@@ -11,15 +11,20 @@ The file is recognised by its own marker, ``"benchmark": "stability"``. What it 
 - **train seconds** per train key (precision + backward): the mean ``train_seconds`` of the variants of
   :data:`TRAIN_PLANS` (``bf16``; ``mxfp8`` with its backward; ``nvfp4_naive`` for the high-precision
   backward, ``nvfp4_deq`` for the dequantised one). ``mxfp8_high_precision`` is in no grid: it stays as it was.
-- **weight sync**: the mean ``publish_seconds`` over all timed runs (the trainer's ``published_state`` and
-  the quantisation, in one process: no transfer, so a lower bound of a real weight-sync pause). It is set
-  so that the pause is on the same machine's scale as the step times (the article's 5 s beside a small
-  model's sub-second steps would dominate every timeline).
+- **weight sync** per format key: the mean ``publish_seconds`` of the variants of that key's
+  :data:`ROLLOUT_PLANS` entry, the runs its rollout seconds come from (the trainer's ``published_state``
+  and the quantisation, in one process: no transfer, so a lower bound of a real weight-sync pause). Per
+  format, because quantising is the cost: on an H200 NVFP4 published in 1.13 s per step and BF16 in
+  0.16 s, and one pause pooled over both makes BF16 pay for NVFP4's quantisation (and NVFP4 not pay it
+  all), a silent advantage for the quantised plan. A format the file has no
+  timed run of keeps the pause it had (the published, illustrative 5 s unless an earlier file set it).
+  It is set so that the pause is on the same machine's scale as the step times (the article's 5 s beside
+  a small model's sub-second steps would dominate every timeline).
 
 Seconds are wall-clock seconds of one step's whole batch (``groups_per_step`` groups on one engine) on the
 machine the file names; the simulator uses them as one sampler's rollout time at its budget, so what
 carries over is the ratio between formats and between generating and training (its speed-ups are ratios
-against synchronous BF16 under the same calibration).
+against synchronous BF16 under the same calibration, at BF16's own step times and pause).
 
 What it does **not** calibrate:
 
@@ -105,10 +110,11 @@ def read_stability(updates: Updates, path: Path, data: dict) -> None:
     Raises:
         ValueError: naming ``path`` and the field: a missing or malformed ``runs``, ``variants`` or step,
             a run of a variant the file does not define, a plan knob or value the plans do not have, a
-            step with only some of the timing fields or seconds that are not positive numbers, or a file
-            with no timed step of a matching variant (nothing to calibrate from); and as
+            step with only some of the timing fields or seconds that are not positive numbers; and as
             :func:`nibble.analysis.stability_report.check_values` (a repeated run, misnumbered steps, a
             number out of range).
+        nibble.simulator.calibrate.NothingToCalibrate: (a ``ValueError``) a file with no timed step of a
+            matching variant: nothing to calibrate from.
     """
     from nibble.analysis.stability_report import check_values
 
@@ -132,20 +138,39 @@ def read_stability(updates: Updates, path: Path, data: dict) -> None:
         elif any(kept):
             raise ValueError(f"{path}: runs[{i}] times some steps but not others ({TIMED[0]} missing in part)")
     check_values(path, data)
-    label = f"{path} [stability grid{_machine(data)}{_budget(data)}]"
+    label = source_label(path, data)
     for key, plan in ROLLOUT_PLANS.items():
         names = _matching(variants, plan, timed)
         _mean_into(updates, updates.rollout, "rollout", key, names, timed, counts, "generate_seconds", label)
+        _mean_into(updates, updates.weight_sync, "weight_sync", key, names, timed, counts, "publish_seconds", label)
     for key, plan in TRAIN_PLANS.items():
         names = _matching(variants, plan, timed)
         _mean_into(updates, updates.train, "train", key, names, timed, counts, "train_seconds", label)
-    if updates.count:  # the pause only beside step times of the same machine
-        everything = [name for name in variants if name in timed]
-        _mean_into(updates, None, "weight_sync", "", everything, timed, counts, "publish_seconds", label)
-    updates.finish(
-        path,
-        f"no step of a bf16, mxfp8 or naive-NVFP4 variant records {TIMED[0]} (a file written before step times "
-        "were recorded?); a stability file never gives floors: see nibble.simulator.stability_calibration",
+    updates.finish(path, _nothing_timed(variants, timed))
+
+
+def source_label(path: Path, data: dict) -> str:
+    """What the sources of the numbers a stability file sets begin with (before ``": "``): the file, the
+    machine and the response budget."""
+    return f"{path} [stability grid{_machine(data)}{_budget(data)}]"
+
+
+def rollout_key(knobs: dict) -> str | None:
+    """The format key whose rollout seconds and pause a variant of plan ``knobs`` is timed for (``None`` when
+    its plan is none of :data:`ROLLOUT_PLANS`: the simulator would give it another plan's times)."""
+    return next((key for key, plan in ROLLOUT_PLANS.items() if _states(knobs, plan)), None)
+
+
+def _nothing_timed(variants: dict[str, dict], timed: dict[str, list]) -> str:
+    """Why a file set no number: no timed run at all, or timed runs of plans no key is measured under."""
+    if timed:
+        what = f"its timed variants ({', '.join(name for name in variants if name in timed)}) match no plan"
+    else:
+        what = f"no step records {TIMED[0]} (a file written before step times were recorded?)"
+    return (
+        f"{what}; step times calibrate only bf16, mxfp8 and NVFP4's naive forward (per-tensor activation scales, "
+        "no BF16 layers, with or without 4/6); a stability file never gives floors: see "
+        "nibble.simulator.stability_calibration"
     )
 
 
@@ -180,11 +205,12 @@ def _timed_step(path: Path, where: str, step: object) -> dict | None:
 
 def _matching(variants: dict[str, dict], plan: dict[str, tuple], timed: dict[str, list]) -> list[str]:
     """Timed variants stating every knob of ``plan`` with an allowed value."""
-    return [
-        name
-        for name, knobs in variants.items()
-        if name in timed and all(k in knobs and _is_one_of(knobs[k], allowed) for k, allowed in plan.items())
-    ]
+    return [name for name, knobs in variants.items() if name in timed and _states(knobs, plan)]
+
+
+def _states(knobs: dict, plan: dict[str, tuple]) -> bool:
+    """Whether ``knobs`` state every knob of ``plan`` with an allowed value."""
+    return all(k in knobs and _is_one_of(knobs[k], allowed) for k, allowed in plan.items())
 
 
 def _is_one_of(value: object, allowed: tuple) -> bool:
@@ -201,7 +227,7 @@ def _mean_into(updates, table, prefix: str, key: str, names: list[str], timed: d
     steps = [s for name in names for s in timed[name]]
     runs = sum(counts[name] for name in names)
     what = f"mean {field} over {len(steps)} steps of {runs} runs of {', '.join(names)}"
-    updates.set(table, f"{prefix}.{key}" if key else prefix, key, fmean(s[field] for s in steps), f"{label}: {what}")
+    updates.set(table, f"{prefix}.{key}", key, fmean(s[field] for s in steps), f"{label}: {what}")
 
 
 def _machine(data: dict) -> str:

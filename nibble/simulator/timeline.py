@@ -5,7 +5,9 @@ Rules (docs/design.md §5, simplified to one trajectory group per sampler at a t
   may start a group while ``started − discarded < (v + max_staleness + 1) · batch``, ``v`` the trainer's
   version; ``max_staleness = 0`` generates exactly one batch per version.
 - A sampler holding an older version than the newest published one swaps before its next rollout; with
-  ``weight_sync`` on, the swap pauses it for ``weight_sync_seconds``. With ``inflight_updates`` every
+  ``weight_sync`` on, the swap pauses it for ``sync_seconds``, the pause of the simulated precision's
+  format (``Calibration.weight_sync_seconds``: NVFP4 weights cost more to publish than BF16's, so the
+  synchronous-BF16 baseline runs on BF16's own pause). With ``inflight_updates`` every
   sampler swaps at the publish instead, pausing its rollout in flight, whose later tokens use the new
   version.
 - Completed groups queue in completion order; the trainer takes them first-in first-out, discards those
@@ -224,7 +226,8 @@ def build_timeline(config: SimConfig, rollout_seconds: float, train_seconds: flo
     Args:
         rollout_seconds: seconds one sampler takes for a response at the full 8k-token budget.
         train_seconds: seconds of one train step.
-        sync_seconds: weight-swap pause per sampler (ignored when ``config.weight_sync`` is off).
+        sync_seconds: weight-swap pause per sampler, the pause of ``config.precision``'s format (ignored when
+            ``config.weight_sync`` is off).
     """
     run = _Run(config, rollout_seconds, train_seconds, sync_seconds)
     t = 0.0

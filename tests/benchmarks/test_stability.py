@@ -164,3 +164,18 @@ def test_the_command_records_step_times_that_calibrate_the_simulator(warm_start,
     calibration = load([out])
     assert calibration.rollout_seconds["bf16"] == pytest.approx(sum(s["generate_seconds"] for s in steps) / 4)
     assert calibration.train_seconds["bf16"] == pytest.approx(sum(s["train_seconds"] for s in steps) / 4)
+
+
+def test_appending_to_the_pilots_file_names_it_instead_of_a_key_error(tmp_path, capsys):
+    from benchmarks.stability.__main__ import main
+    from benchmarks.stability.results import ROOT
+
+    pilots = tmp_path / "pilots.json"
+    pilots.write_text((ROOT / "benchmarks" / "results" / "stability_smollm2_pilots.json").read_text())
+    before = pilots.read_text()
+    with pytest.raises(SystemExit) as exited:
+        main(["--checkpoint", str(tmp_path / "unused"), "--steps", "1", "--append", "--out", str(pilots)])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "KeyError" not in err
+    assert f"error: {pilots}: a stability pilots file (benchmarks/stability/pilot.py)" in err
+    assert pilots.read_text() == before

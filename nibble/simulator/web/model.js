@@ -284,8 +284,9 @@ const NibbleModel = (() => {
 
   // ---- nibble/simulator/simulate.py ----------------------------------------------------------
   function stepSeconds(c, cal) {
-    return [cal.rollout_seconds[formatKey(c.precision, c.four_over_six)],
-            cal.train_seconds[trainKey(c.precision, c.dequantized_backward)], cal.weight_sync_seconds];
+    const fmt = formatKey(c.precision, c.four_over_six);
+    return [cal.rollout_seconds[fmt], cal.train_seconds[trainKey(c.precision, c.dequantized_backward)],
+            cal.weight_sync_seconds[fmt]];
   }
   function runConfig(c, cal) {
     const tl = buildTimeline(c, ...stepSeconds(c, cal));

@@ -234,7 +234,7 @@
     const rows = Object.entries(CAL.sources).map(([name, source]) => {
       const [table, key] = name.split(".");
       const value = table === "floors" ? CAL.floors[key] : table === "rollout" ? CAL.rollout_seconds[key]
-        : table === "train" ? CAL.train_seconds[key] : CAL.weight_sync_seconds;
+        : table === "train" ? CAL.train_seconds[key] : CAL.weight_sync_seconds[key];
       const tr = document.createElement("tr");
       for (const text of [name, Number(value.toPrecision(4)), source]) {
         const td = document.createElement("td"); td.textContent = text; tr.append(td);

@@ -8,9 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from nibble.analysis.stability_compare import PLAN_DEFAULTS, compare, fit_staleness, markdown, sim_config
+from nibble.analysis.stability_compare import (
+    ASYNC_STALENESS,
+    PLAN_DEFAULTS,
+    compare,
+    fit_staleness,
+    markdown,
+    sim_config,
+    speed_ups,
+)
 from nibble.analysis.stability_report import load_results, variant_rows
-from nibble.simulator import drift_model, published
+from nibble.simulator import SimConfig, drift_model, load, published
+from nibble.simulator.timeline import build_timeline
 
 REPO = Path(__file__).resolve().parents[3]
 CPU_GRID = REPO / "benchmarks" / "results" / "stability.json"
@@ -87,8 +96,45 @@ def test_predictions_follow_the_model_and_measurements_the_runs():
     assert rows["nvfp4_naive"].predicted_spikes_per_100.mean > 0
     assert rows["nvfp4_naive"].measured_spikes_per_100.mean == pytest.approx(100 / 55)
     assert rows["bf16"].law_spikes_per_100 == 0 and rows["bf16"].predicted_spikes_per_100.mean == 0
-    text = markdown(list(rows.values()), published())
+    text = markdown(list(rows.values()), published(), [], ["every variant: no step times"])
     assert text.startswith("| variant |") and text.count("\n| ") == 3 and "published: The 4-Bitter Lesson" in text
+    assert "- skipped: every variant: no step times" in text
+
+
+def timed(data: dict, seconds: dict[str, tuple[float, float, float]]) -> dict:
+    """``data`` with every step of the variants in ``seconds`` timed: generate, train, publish seconds."""
+    for run in data["runs"]:
+        if run["variant"] in seconds:
+            g, t, p = seconds[run["variant"]]
+            for step in run["steps"]:
+                step.update(generate_seconds=g, train_seconds=t, publish_seconds=p, eval_seconds=None)
+    return data
+
+
+def test_speed_ups_run_each_plan_on_its_own_pause_and_skip_what_the_file_does_not_time(tmp_path):
+    data = synthetic({"bf16": 1.0, "nvfp4_naive": 1.0, "nvfp4_token": 1.0, "recipe": 1.0, "mxfp8": 1.0}, steps=4)
+    timed(data, {"bf16": (1.53, 0.44, 0.16), "nvfp4_naive": (2.07, 0.53, 1.13), "nvfp4_token": (2.0, 0.5, 1.0),
+                 "mxfp8": (1.8, 0.4, 0.9)})  # fmt: skip
+    path = _write(tmp_path, data)
+    speeds, skipped = speed_ups(path, data, load([path]))
+    assert [s.variant for s in speeds] == ["bf16", "nvfp4_naive", "mxfp8"]
+    naive = SimConfig(precision="nvfp4", four_over_six=False, dequantized_backward=False, bf16_last_15=False,
+                      bf16_shared_experts=False, max_staleness=ASYNC_STALENESS)  # fmt: skip
+    baseline = build_timeline(naive.with_(precision="bf16", max_staleness=0), 1.53, 0.44, 0.16).end_time
+    assert speeds[1].config == naive and speeds[1].seconds == (2.07, 0.53, 1.13)
+    assert speeds[1].speed == pytest.approx(baseline / build_timeline(naive, 2.07, 0.53, 1.13).end_time)
+    assert speeds[0].sync_bf16_wall_clock_seconds == pytest.approx(baseline)
+    assert skipped == [
+        "nvfp4_token: its plan is none the step times are calibrated for (bf16, mxfp8, NVFP4's naive forward with or "
+        "without 4/6): the simulator would run it on another variant's times",
+        "recipe: no run of it records step times",
+    ]
+    # NVFP4 + 4/6 alone: its high-precision train time (nvfp4_naive's) and BF16's are not the file's
+    data = timed(synthetic({"nvfp4_4o6": 1.0}, steps=4), {"nvfp4_4o6": (2.0, 0.5, 1.2)})
+    path = _write(tmp_path, data)
+    assert speed_ups(path, data, load([path])) == ([], [
+        "nvfp4_4o6: the file times no run behind train.nvfp4_high_precision, rollout.bf16, train.bf16, weight_sync.bf16"
+    ])  # fmt: skip
 
 
 def test_the_fit_recovers_a_known_law_and_needs_two_staleness_values():

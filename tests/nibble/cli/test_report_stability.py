@@ -166,3 +166,50 @@ def test_simulate_refuses_a_staleness_whose_cost_overflows(tmp_path):
     result = run(str(path), "--out", str(tmp_path / "out"), "--simulate")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert f"{path}: runs[0].steps[6].staleness_mean = 1e+300 (variant 'calm', seed 0, step 7)" in result.stderr
+
+
+def _timed_results(tmp_path: Path, seconds: dict[str, tuple[float, float, float]]) -> Path:
+    """One 20-step run per variant of ``seconds`` (generate, train, publish seconds per step), staleness 1."""
+    from benchmarks.stability.variants import VARIANTS
+
+    runs = []
+    for variant, (g, t, p) in seconds.items():
+        steps = [{**step(i, 1.0, 0.3 if i % 10 == 0 else None), "staleness_mean": 1.0, "generate_seconds": g,
+                  "train_seconds": t, "publish_seconds": p, "eval_seconds": None} for i in range(1, 21)]  # fmt: skip
+        runs.append({"variant": variant, "seed": 0, "warm_start_accuracy": 0.25, "steps": steps})
+    path = tmp_path / "timed.json"
+    data = {"benchmark": "stability", "variants": {v: VARIANTS[v] for v in seconds}, "runs": runs}
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_simulate_gives_each_plan_s_speed_up_on_its_own_weight_sync_pause(tmp_path):
+    from nibble.simulator import SimConfig
+    from nibble.simulator.timeline import build_timeline
+
+    path = _timed_results(tmp_path, {"bf16": (1.53, 0.44, 0.16), "nvfp4_naive": (2.07, 0.53, 1.13)})
+    result = run(str(path), "--out", str(tmp_path / "out"), "--simulate")
+    assert result.returncode == 0, result.stderr
+    # nibble simulate's default workload (200 steps, max_staleness 1) with the naive plan, each side on its own
+    # format's seconds: NVFP4 swaps for 1.13 s, the synchronous BF16 baseline for 0.16 s
+    naive = SimConfig(precision="nvfp4", four_over_six=False, dequantized_backward=False, bf16_last_15=False,
+                      bf16_shared_experts=False)  # fmt: skip
+    sync = naive.with_(precision="bf16", max_staleness=0)
+    expected = build_timeline(sync, 1.53, 0.44, 0.16).end_time / build_timeline(naive, 2.07, 0.53, 1.13).end_time
+    pooled = build_timeline(sync, 1.53, 0.44, 0.645).end_time / build_timeline(naive, 2.07, 0.53, 0.645).end_time
+    assert f"{expected:.2f}" != f"{pooled:.2f}"
+    rows = [line.split(" | ") for line in (tmp_path / "out" / "simulate.md").read_text().splitlines()]
+    speeds = {cells[0].lstrip("| "): cells[1] for cells in rows if len(cells) == 7 and cells[1][0].isdigit()}
+    assert speeds["nvfp4_naive"] == f"{expected:.2f}" and set(speeds) == {"bf16", "nvfp4_naive"}
+    assert "- none skipped" in (tmp_path / "out" / "simulate.md").read_text()
+
+
+def test_simulate_reports_a_file_without_bf16_or_naive_nvfp4_times_and_says_what_it_skipped(tmp_path):
+    # as benchmarks/results/h200_stability_smollm2_token_smoke.json: only nvfp4_token and recipe ran
+    path = _timed_results(tmp_path, {"nvfp4_token": (2.0, 0.5, 1.0), "recipe": (2.2, 0.6, 1.2)})
+    result = run(str(path), "--out", str(tmp_path / "out"), "--simulate")
+    assert result.returncode == 0, result.stderr
+    text = (tmp_path / "out" / "simulate.md").read_text()
+    assert "| nvfp4_token | 1 |" in text and "| recipe | 1 |" in text  # the model against the runs: still there
+    why = f"skipped: every variant: {path}: holds no number to calibrate from (its timed variants (nvfp4_token, recipe)"
+    assert f"- {why}" in text and f"speed vs synchronous BF16 {why}" in result.stdout.replace("\n", " ")

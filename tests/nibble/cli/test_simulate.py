@@ -162,16 +162,17 @@ def test_calibrated_floors_below_bf16_s_are_clamped_not_a_crash(tmp_path):
     assert "no configuration is stable on every seed" in result.stdout
 
 
-def _timed_grid(tmp_path, generate_seconds: dict[str, float]) -> Path:
-    """A stability grid's file on an H200 with one timed step per variant of ``generate_seconds``."""
+def _timed_grid(tmp_path, times: dict[str, tuple[float, float, float]], steps: int = 1) -> Path:
+    """A stability grid's file on an H200 with ``steps`` timed steps per variant of ``times``: its generate,
+    train and publish seconds."""
     grid = {
         "benchmark": "stability", "machine": {"gpu": "NVIDIA H200"},
         "variants": {"bf16": {"format": "bf16"}, "nvfp4_naive": {
             "format": "nvfp4", "activation_scale": "per_tensor", "four_over_six": None, "backward": "high_precision",
             "bf16_last_fraction": 0.0, "bf16_shared_experts": False}},
         "runs": [{"variant": v, "seed": 0, "steps": [
-            {"step": 1, "generate_seconds": g, "train_seconds": 0.5, "publish_seconds": 0.1, "eval_seconds": None}]}
-            for v, g in generate_seconds.items()],
+            {"step": i, "generate_seconds": g, "train_seconds": t, "publish_seconds": p, "eval_seconds": None}
+            for i in range(1, steps + 1)]} for v, (g, t, p) in times.items()],
     }  # fmt: skip
     path = tmp_path / "stability.json"
     path.write_text(json.dumps(grid))
@@ -179,18 +180,48 @@ def _timed_grid(tmp_path, generate_seconds: dict[str, float]) -> Path:
 
 
 def test_calibrate_takes_step_times_from_a_stability_grid(tmp_path):
-    path = _timed_grid(tmp_path, {"bf16": 2.0, "nvfp4_naive": 1.5})
+    path = _timed_grid(tmp_path, {"bf16": (2.0, 0.5, 0.1), "nvfp4_naive": (1.5, 0.5, 0.1)})
     result = run("--steps", "20", "--out", str(tmp_path / "out"), "--calibrate", str(path), "--json")
     assert result.returncode == 0, result.stderr
     calibration = json.loads(result.stdout)["calibration"]
     assert calibration["rollout_seconds"]["bf16"] == 2.0 and calibration["rollout_seconds"]["nvfp4"] == 1.5
-    assert calibration["train_seconds"]["nvfp4_high_precision"] == 0.5 and calibration["weight_sync_seconds"] == 0.1
+    assert calibration["train_seconds"]["nvfp4_high_precision"] == 0.5
+    # the --json record carries a pause per format: the file's for its formats, the published one for the rest
+    assert calibration["weight_sync_seconds"] == {"bf16": 0.1, "mxfp8": 5.0, "nvfp4": 0.1, "nvfp4_4o6": 5.0}
     assert "stability grid on NVIDIA H200" in calibration["sources"]["rollout.nvfp4"]
     assert calibration["floors"]["nvfp4"] == 0.0328  # never from a stability file
 
 
+# The H200 grid's means (benchmarks/results/stability_smollm2.json): generate, train, publish seconds per step.
+H200_BF16, H200_NVFP4 = (1.53, 0.44, 0.16), (2.07, 0.53, 1.13)
+NAIVE = ("--no-four-over-six", "--no-dequantized-backward", "--no-bf16-last-15", "--no-bf16-shared-experts")
+
+
+def test_async_nvfp4_against_sync_bf16_runs_each_plan_on_its_own_pause(tmp_path):
+    from nibble.simulator import SimConfig
+    from nibble.simulator.timeline import build_timeline
+
+    path = _timed_grid(tmp_path, {"bf16": H200_BF16, "nvfp4_naive": H200_NVFP4}, steps=3)
+    result = run("--steps", "20", "--out", str(tmp_path / "out"), "--calibrate", str(path), *NAIVE, "--json")
+    assert result.returncode == 0 and "warning" not in result.stderr, result.stderr
+    summary = json.loads(result.stdout)["summary"]
+    naive = SimConfig(precision="nvfp4", four_over_six=False, dequantized_backward=False, bf16_last_15=False,
+                      bf16_shared_experts=False, steps=20)  # fmt: skip
+    # Synchronous BF16 with a sampler per group: every step after the first starts with every sampler
+    # swapping at once for BF16's own 0.16 s, so the pauses add 19 · 0.16 s to the run without them.
+    sync = naive.with_(precision="bf16", max_staleness=0)
+    baseline = build_timeline(sync.with_(weight_sync=False), *H200_BF16[:2], 0.16).end_time + 19 * 0.16
+    assert summary["sync_bf16_wall_clock_seconds"] == pytest.approx(baseline)
+    # ... and NVFP4 on its own 1.13 s: slower than synchronous BF16, where one pooled pause made it faster
+    expected = baseline / build_timeline(naive, *H200_NVFP4).end_time
+    pooled_bf16, pooled_nvfp4 = (*H200_BF16[:2], 0.645), (*H200_NVFP4[:2], 0.645)  # the mean of both runs' pauses
+    pooled = build_timeline(sync, *pooled_bf16).end_time / build_timeline(naive, *pooled_nvfp4).end_time
+    assert summary["speed_vs_sync_bf16"] == pytest.approx(expected)
+    assert expected < 1 < pooled
+
+
 def test_a_speed_up_from_measured_and_published_step_times_is_flagged(tmp_path):
-    path = _timed_grid(tmp_path, {"bf16": 2.0, "nvfp4_naive": 2.0})
+    path = _timed_grid(tmp_path, {"bf16": (2.0, 0.5, 0.1), "nvfp4_naive": (2.0, 0.5, 0.1)})
     # The default plan (four-over-six, dequantised backward) was not measured: its times stay published.
     result = run("--steps", "20", "--out", str(tmp_path / "a"), "--calibrate", str(path))
     assert result.returncode == 0, result.stderr
@@ -200,6 +231,10 @@ def test_a_speed_up_from_measured_and_published_step_times_is_flagged(tmp_path):
     naive = ("--no-four-over-six", "--no-dequantized-backward")
     result = run("--steps", "20", "--out", str(tmp_path / "b"), "--calibrate", str(path), *naive)
     assert result.returncode == 0 and "warning" not in result.stderr
+    # the file timed bf16 and naive NVFP4: the other formats' pauses stay as they were, and it says so
+    assert "weight_sync.bf16 = 0.1  <- " + str(path) in result.stdout
+    assert "weight_sync.mxfp8, weight_sync.nvfp4_4o6 = 5 s: illustrative" in result.stdout
+    assert "(kept: no calibration file timed these formats)" in result.stdout
     assert "warning" not in run("--steps", "20", "--out", str(tmp_path / "c")).stderr
     # --json records the mix as well as warning; --optimize compares every plan, so any mix is flagged
     result = run("--steps", "20", "--out", str(tmp_path / "d"), "--calibrate", str(path), "--json")

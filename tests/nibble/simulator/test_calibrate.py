@@ -23,8 +23,10 @@ def test_published_numbers_and_their_sources():
     assert cal.floors == drift_model.PUBLISHED_FLOORS
     assert cal.rollout_seconds["nvfp4"] == 84.8 and cal.train_seconds["bf16"] == 64.3
     names = [name for name, _, _ in cal.rows()]
-    assert len(names) == 4 + 4 + 5 + 1 and len(set(names)) == len(names)
+    assert len(names) == 4 + 4 + 5 + 4 and len(set(names)) == len(names)
     assert {s for _, _, s in cal.rows()} == {PUBLISHED_SOURCE, WEIGHT_SYNC_SOURCE}
+    # uncalibrated, the one illustrative pause is every format's (results from before per-format pauses stand)
+    assert cal.weight_sync_seconds == dict.fromkeys(drift_model.FORMAT_KEYS, 5.0)
 
 
 def test_a_mismatch_file_replaces_only_what_it_holds_and_says_where_from(tmp_path):
@@ -39,9 +41,12 @@ def test_a_mismatch_file_replaces_only_what_it_holds_and_says_where_from(tmp_pat
     cal = load([path])
     assert cal.floors == {"bf16": 0.012, "mxfp8": 0.0203, "nvfp4": 0.0328, "nvfp4_4o6": 0.035}
     assert cal.rollout_seconds["nvfp4_4o6"] == 50.0 and cal.rollout_seconds["bf16"] == 109.4
-    assert cal.train_seconds["nvfp4_dequantized"] == 40.0 and cal.weight_sync_seconds == 2.0
+    assert cal.train_seconds["nvfp4_dequantized"] == 40.0
     assert cal.sources["floors.nvfp4_4o6"] == f"{path} [nibble mismatch, tiny MoE]: floors.nvfp4_4o6"
-    assert cal.sources["weight_sync"].endswith("step_seconds.weight_sync")
+    # one number, as files from before per-format pauses give it, is every format's pause
+    assert cal.weight_sync_seconds == dict.fromkeys(drift_model.FORMAT_KEYS, 2.0)
+    for key in drift_model.FORMAT_KEYS:
+        assert cal.sources[f"weight_sync.{key}"].endswith("step_seconds.weight_sync (one number: every format's pause)")
     assert cal.sources["floors.mxfp8"] == PUBLISHED_SOURCE
     # The simulator uses them: the default NVFP4 + 4/6 run's floor and step time follow the file.
     summary = simulate(SimConfig(steps=10), cal, ghosts=False).summary()
@@ -50,6 +55,28 @@ def test_a_mismatch_file_replaces_only_what_it_holds_and_says_where_from(tmp_pat
     )
     assert summary["precision_floor"] == expected
     assert simulate(SimConfig(steps=10, max_staleness=0, weight_sync=False), cal).run.timeline.steps[0].end < 60
+
+
+def test_weight_sync_pauses_per_format_and_a_run_s_pause_is_its_format_s(tmp_path):
+    path = write(tmp_path / "m.json", {"step_seconds": {"weight_sync": {"bf16": 0.16, "nvfp4": 1.13}}})
+    cal = load([path])
+    assert cal.weight_sync_seconds == {"bf16": 0.16, "mxfp8": 5.0, "nvfp4": 1.13, "nvfp4_4o6": 5.0}
+    assert cal.sources["weight_sync.nvfp4"] == f"{path}: step_seconds.weight_sync.nvfp4"
+    assert cal.sources["weight_sync.mxfp8"] == WEIGHT_SYNC_SOURCE
+    # each plan swaps for its own format's pause: the BF16 baseline for 0.16 s, NVFP4 without 4/6 for 1.13 s
+    naive = SimConfig(precision="nvfp4", four_over_six=False, steps=10)
+    for config, pause in ((naive, 1.13), (naive.with_(precision="bf16", max_staleness=0), 0.16)):
+        pauses = simulate(config, cal, ghosts=False).run.timeline.pauses
+        assert pauses and all(p.end - p.start == pytest.approx(pause) for p in pauses)
+    # a run's summary is one format's measurement, as its rollout time is
+    (tmp_path / "run").mkdir()
+    write(tmp_path / "run" / "summary.json", {"precision": "mxfp8", "weight_sync_seconds": 0.4})
+    cal = load([tmp_path / "run"])
+    assert cal.weight_sync_seconds == {"bf16": 5.0, "mxfp8": 0.4, "nvfp4": 5.0, "nvfp4_4o6": 5.0}
+    with pytest.raises(ValueError, match=r"m\.json: field 'step_seconds\.weight_sync\.fp4' is unknown"):
+        load([write(path, {"step_seconds": {"weight_sync": {"fp4": 1.0}}})])
+    with pytest.raises(ValueError, match=r"m\.json: field 'step_seconds\.weight_sync\.bf16' must be a positive"):
+        load([write(path, {"step_seconds": {"weight_sync": {"bf16": -1}}})])
 
 
 def test_floors_measured_under_another_plan_are_converted_so_the_model_reproduces_them(tmp_path):
@@ -274,12 +301,15 @@ def test_the_bf16_floor_of_a_later_file_converts_the_floors_of_an_earlier_one(tm
 
 def test_a_calibration_is_checked_on_construction():
     cal = published()
+    sync = cal.weight_sync_seconds
     with pytest.raises(ValueError, match=r"floors\.mxfp8=0\.001 is below floors\.bf16"):
-        Calibration(dict(cal.floors, mxfp8=0.001), cal.rollout_seconds, cal.train_seconds, 5.0, cal.sources)
+        Calibration(dict(cal.floors, mxfp8=0.001), cal.rollout_seconds, cal.train_seconds, sync, cal.sources)
     with pytest.raises(ValueError, match=r"floors\.nvfp4=inf must lie in"):
-        Calibration(dict(cal.floors, nvfp4=float("inf")), cal.rollout_seconds, cal.train_seconds, 5.0, cal.sources)
-    with pytest.raises(ValueError, match=r"weight_sync=0 must be a number of seconds"):
-        Calibration(cal.floors, cal.rollout_seconds, cal.train_seconds, 0, cal.sources)
+        Calibration(dict(cal.floors, nvfp4=float("inf")), cal.rollout_seconds, cal.train_seconds, sync, cal.sources)
+    with pytest.raises(ValueError, match=r"weight_sync\.nvfp4=0 must be a number of seconds"):
+        Calibration(cal.floors, cal.rollout_seconds, cal.train_seconds, dict(sync, nvfp4=0), cal.sources)
+    with pytest.raises(ValueError, match=r"calibration weight_sync must have the keys bf16, mxfp8, nvfp4, nvfp4_4o6"):
+        Calibration(cal.floors, cal.rollout_seconds, cal.train_seconds, {"bf16": 1.0}, cal.sources)
 
 
 def test_a_summary_with_nibble_s_own_plan_values(tmp_path):

@@ -35,7 +35,9 @@ HOSTILE = "<!--<script></script><b>&amp; /*MODEL*/ {{DATA}} /*PAGE*/"
 def calibrated() -> Calibration:
     cal = published()
     floors = dict(cal.floors, nvfp4_4o6=0.0281)
-    return Calibration(floors, cal.rollout_seconds, cal.train_seconds, 3.5, cal.sources)
+    # a pause per format, as a stability grid gives them: the page must swap each plan for its own
+    sync = {"bf16": 0.5, "mxfp8": 1.5, "nvfp4": 3.5, "nvfp4_4o6": 4.5}
+    return Calibration(floors, cal.rollout_seconds, cal.train_seconds, sync, cal.sources)
 
 
 def loaded(tmp_path: Path, floors: dict, source: str = "test") -> Calibration:

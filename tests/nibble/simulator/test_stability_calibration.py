@@ -54,6 +54,10 @@ def test_rollout_and_train_times_come_from_the_variants_whose_plan_matches(tmp_p
     }  # fmt: skip
     for key, variants in expected_rollout.items():
         assert calibration.rollout_seconds[key] == pytest.approx(mean_of(data, variants, "generate_seconds"))
+        # the pause of a format is its own runs' publish time, not all runs' (per format, not pooled)
+        assert calibration.weight_sync_seconds[key] == pytest.approx(mean_of(data, variants, "publish_seconds"))
+        runs = f"over {8 * len(variants)} steps of {2 * len(variants)} runs of {', '.join(variants)}"
+        assert f"mean publish_seconds {runs}" in calibration.sources[f"weight_sync.{key}"]
         assert "H200" in calibration.sources[f"rollout.{key}"] and "256 tokens" in calibration.sources[f"rollout.{key}"]
         assert ", ".join(variants) in calibration.sources[f"rollout.{key}"]
     expected_train = {
@@ -62,8 +66,6 @@ def test_rollout_and_train_times_come_from_the_variants_whose_plan_matches(tmp_p
     }  # fmt: skip
     for key, variants in expected_train.items():
         assert calibration.train_seconds[key] == pytest.approx(mean_of(data, variants, "train_seconds"))
-    everything = tuple(data["variants"])
-    assert calibration.weight_sync_seconds == pytest.approx(mean_of(data, everything, "publish_seconds"))
     base = published()
     # no grid variant has an MXFP8 high-precision backward; floors are never read from a stability file
     assert calibration.train_seconds["mxfp8_high_precision"] == base.train_seconds["mxfp8_high_precision"]
@@ -128,5 +130,32 @@ def test_bad_fields_are_named_with_the_file(tmp_path, change, message):
 def test_timed_runs_of_no_matching_variant_give_nothing_to_calibrate(tmp_path):
     data = grid(steps=2)
     data["runs"] = [r for r in data["runs"] if r["variant"] == "recipe"]
-    with pytest.raises(ValueError, match=r"holds no number to calibrate from"):
+    with pytest.raises(ValueError, match=r"holds no number to calibrate from \(its timed variants \(recipe\) match no"):
         load([write(tmp_path, data)])
+
+
+def h200_pair(bf16_publish: float = 0.16, nvfp4_publish: float = 1.13) -> dict:
+    """bf16 and nvfp4_naive, one run each on an "H200", publishing in the seconds given (the H200 grid's)."""
+    from benchmarks.stability.variants import VARIANTS
+
+    def run(variant: str, publish: float) -> dict:
+        times = {"generate_seconds": 1.5, "train_seconds": 0.5, "publish_seconds": publish, "eval_seconds": None}
+        steps = [{"step": i, "grad_norm": 1.0, **times} for i in (1, 2)]
+        return {"variant": variant, "seed": 0, "steps": steps}
+
+    variants = {name: copy.deepcopy(VARIANTS[name]) for name in ("bf16", "nvfp4_naive")}
+    return {"benchmark": "stability", "machine": {"gpu": "NVIDIA H200"}, "variants": variants,
+            "runs": [run("bf16", bf16_publish), run("nvfp4_naive", nvfp4_publish)]}  # fmt: skip
+
+
+def test_bf16_and_nvfp4_runs_calibrate_two_pauses_and_other_formats_keep_theirs(tmp_path):
+    earlier = write(tmp_path, {"step_seconds": {"weight_sync": {"mxfp8": 3.0}}}, "earlier.json")
+    calibration = load([earlier, write(tmp_path, h200_pair())])
+    assert calibration.weight_sync_seconds["bf16"] == pytest.approx(0.16)
+    assert calibration.weight_sync_seconds["nvfp4"] == pytest.approx(1.13)  # not the pooled 0.645
+    # no run of these formats: mxfp8 keeps the earlier file's pause, NVFP4 + 4/6 the published one
+    assert calibration.weight_sync_seconds["mxfp8"] == 3.0 and calibration.sources["weight_sync.mxfp8"].startswith(
+        str(earlier)
+    )
+    assert calibration.weight_sync_seconds["nvfp4_4o6"] == published().weight_sync_seconds["nvfp4_4o6"]
+    assert calibration.sources["weight_sync.nvfp4_4o6"] == published().sources["weight_sync.nvfp4_4o6"]
