@@ -59,8 +59,11 @@ def earlier_part(out: Path, document: dict) -> tuple[list[dict], list[dict]]:
         if isinstance(earlier, dict):
             check_marker(out, earlier)
         runs = earlier["runs"]
-        if not all(isinstance(r, dict) and {"variant", "seed", "steps"} <= r.keys() for r in runs):
-            raise TypeError("a run without variant, seed and steps")
+        # A list, not any iterable: {} iterates like [] and failed only at the first save, the run lost.
+        if not isinstance(runs, list):
+            raise TypeError(f"'runs' must be a list of runs, got {type(runs).__name__}")
+        if not all(_is_run(r) for r in runs):
+            raise TypeError("a run without a string variant, an integer seed and a list of steps")
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
         raise ValueError(f"{out}: not a stability results file ({type(exc).__name__}: {exc})") from None
     for key in ("checkpoint", "task", "quantize", "setting"):
@@ -72,6 +75,21 @@ def earlier_part(out: Path, document: dict) -> tuple[list[dict], list[dict]]:
             raise ValueError(f"{out}: its {key} is {theirs!r}, this grid's is {mine!r}")
     first = {key: earlier.get(key) for key in ("command", "machine", "wall_seconds")}  # a file of one part
     return runs, earlier.get("parts") or [{**first, "runs": [[r["variant"], r["seed"]] for r in runs]}]
+
+
+def _is_run(run: object) -> bool:
+    """Whether ``run`` has what appending reads of it: ``variant`` (a word), ``seed`` (an integer, not a
+    bool) and ``steps`` (a list): runs to skip are looked up by ``(variant, seed)``, so either of another type
+    failed as a traceback."""
+    if not isinstance(run, dict) or not {"variant", "seed", "steps"} <= run.keys():
+        return False
+    seed = run["seed"]
+    return (
+        isinstance(run["variant"], str)
+        and isinstance(seed, int)
+        and not isinstance(seed, bool)
+        and isinstance(run["steps"], list)
+    )
 
 
 # Fields a results file written before they existed holds implicitly: every run then used them (the plan's

@@ -179,3 +179,24 @@ def test_appending_to_the_pilots_file_names_it_instead_of_a_key_error(tmp_path, 
     assert exited.value.code == 2 and "KeyError" not in err
     assert f"error: {pilots}: a stability pilots file (benchmarks/stability/pilot.py)" in err
     assert pilots.read_text() == before
+
+
+def test_appending_refuses_runs_that_are_no_list_of_named_runs_before_any_run_starts(tmp_path):
+    """``"runs": {}`` passed the check (an empty dict iterates like an empty list) and the grid ran every run,
+    to fail saving the first (``dict + list``: a traceback, the run lost); a variant or seed of the wrong
+    type failed as a traceback (``unhashable type: 'list'``) building the set of runs to skip."""
+    from benchmarks.stability.results import ROOT, earlier_part
+
+    recorded = json.loads((ROOT / "benchmarks" / "results" / "stability_smollm2.json").read_text())
+    document = {key: recorded[key] for key in ("checkpoint", "task", "quantize", "setting")}
+    run = {"seed": 0, "steps": []}
+    bad = [
+        {**run, "variant": ["bf16"]},
+        {**run, "variant": "bf16", "seed": "0"},
+        {**run, "variant": "bf16", "seed": True},
+    ]
+    for runs in ({}, {"a": 1}, *([r] for r in bad), [{"variant": "bf16", "seed": 0, "steps": {}}]):
+        out = tmp_path / "grid.json"
+        out.write_text(json.dumps({**recorded, "runs": runs}))
+        with pytest.raises(ValueError, match=r"grid\.json: not a stability results file"):
+            earlier_part(out, document)
