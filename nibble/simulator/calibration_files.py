@@ -242,7 +242,13 @@ def _apply_floors_file(updates: Updates, path: Path, data: dict) -> None:
 
 def _apply_weight_sync(updates: Updates, path: Path, steps: dict, label: str) -> None:
     """``step_seconds.weight_sync``: an object of pauses per format key (any subset), or one number, as files
-    written before the pause was per format hold, which is every format's pause."""
+    written before the pause was per format hold, which is every format's pause (so it replaces the pauses an
+    earlier file set per format).
+
+    Raises:
+        ValueError: naming ``path`` and the field: an unknown key, a value neither an object nor a number, or
+            seconds not in (0, MAX_STEP_SECONDS].
+    """
     if "weight_sync" not in steps:
         return
     value = steps["weight_sync"]
@@ -252,6 +258,11 @@ def _apply_weight_sync(updates: Updates, path: Path, steps: dict, label: str) ->
             pause = _seconds(path, name, seconds)
             updates.set(updates.weight_sync, f"weight_sync.{key}", key, pause, f"{label}: {name}")
         return
+    if not is_real(value):  # a list, a word, null: name both forms, not only the older one
+        raise ValueError(
+            f"{path}: field 'step_seconds.weight_sync' must be an object of seconds per format key "
+            f"({', '.join(FORMAT_KEYS)}) or one number of seconds (every format's pause), got {value!r}"
+        )
     value = _seconds(path, "step_seconds.weight_sync", value)
     source = f"{label}: step_seconds.weight_sync (one number: every format's pause)"
     for key in FORMAT_KEYS:

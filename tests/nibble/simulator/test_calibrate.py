@@ -79,6 +79,24 @@ def test_weight_sync_pauses_per_format_and_a_run_s_pause_is_its_format_s(tmp_pat
         load([write(path, {"step_seconds": {"weight_sync": {"bf16": -1}}})])
 
 
+@pytest.mark.parametrize("value", [[0.16, 1.13], None, "5", True])
+def test_a_weight_sync_neither_object_nor_number_names_both_forms(tmp_path, value):
+    # "must be a positive number of seconds, got [0.16, 1.13]" hid the per-format object the field now takes
+    path = write(tmp_path / "m.json", {"step_seconds": {"weight_sync": value}})
+    with pytest.raises(ValueError) as refused:
+        load([path])
+    message = str(refused.value)
+    assert message.startswith(f"{path}: field 'step_seconds.weight_sync' must be an object of seconds per format key")
+    assert "bf16, mxfp8, nvfp4, nvfp4_4o6" in message and "or one number of seconds" in message
+
+
+def test_a_later_file_s_one_number_replaces_every_format_s_pause_an_earlier_file_set(tmp_path):
+    per_format = write(tmp_path / "a.json", {"step_seconds": {"weight_sync": {"bf16": 0.16, "nvfp4": 1.13}}})
+    one = write(tmp_path / "b.json", {"step_seconds": {"weight_sync": 2.0}})
+    assert load([per_format, one]).weight_sync_seconds == dict.fromkeys(drift_model.FORMAT_KEYS, 2.0)
+    assert load([one, per_format]).weight_sync_seconds == {"bf16": 0.16, "mxfp8": 2.0, "nvfp4": 1.13, "nvfp4_4o6": 2.0}
+
+
 def test_floors_measured_under_another_plan_are_converted_so_the_model_reproduces_them(tmp_path):
     plan = {"bf16_last_15": False, "bf16_shared_experts": True}
     cal = load([write(tmp_path / "m.json", {"plan": plan, "floors": {"mxfp8": 0.03}})])
