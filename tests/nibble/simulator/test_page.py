@@ -72,6 +72,11 @@ def test_the_page_references_no_url_and_loads_nothing():
 
 def test_the_javascript_model_agrees_with_python(tmp_path):
     runs = [(c, published()) for c in AGREEMENT_CONFIGS] + [(SimConfig(max_staleness=3), calibrated())]
+    # every format on its own pause (the ghosts too), swapping between rollouts and in flight
+    per_format = [SimConfig(precision="nvfp4", **NO_RECIPE, max_staleness=2, steps=60),
+                  SimConfig(precision="mxfp8", inflight_updates=True, max_staleness=4, steps=60, seed=9),
+                  SimConfig(precision="bf16", max_staleness=1, num_samplers=5, steps=60)]  # fmt: skip
+    runs += [(c, calibrated()) for c in per_format]
     # A measured BF16 floor of 0: synchronous BF16 has m = m_eff = 0, and NVFP4 + 4/6 with the
     # high-precision backward too, with spikes (the drift map's linear case).
     zero = loaded(tmp_path, {"bf16": 0.0, "nvfp4_4o6": 0.0, "mxfp8": 0.01})
