@@ -9,7 +9,7 @@ import torch
 
 
 def describe() -> dict:
-    """CPU model, cores, torch threads and version, and the GPU when CUDA is present."""
+    """CPU model, cores, torch threads and version, and the GPU (and whether CUDA MPS is up) when CUDA is present."""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as handle:
@@ -26,4 +26,12 @@ def describe() -> dict:
     }
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
+        info["cuda_mps"] = mps_running()
     return info
+
+
+def mps_running() -> bool:
+    """Whether a CUDA MPS control daemon is up (its control pipe exists), so that processes sharing a GPU
+    run their kernels side by side instead of taking turns: step times under load depend on it."""
+    pipes = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
+    return os.path.exists(os.path.join(pipes, "control"))

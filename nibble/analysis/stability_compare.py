@@ -45,7 +45,7 @@ from nibble.simulator.calibrate import Calibration
 from nibble.simulator.config import SimConfig
 from nibble.simulator.dynamics import run_dynamics
 from nibble.simulator.simulate import floor_of, spikes_of, step_names, step_seconds, sync_bf16, sync_bf16_seconds
-from nibble.simulator.stability_calibration import TIMED, rollout_key, source_label
+from nibble.simulator.stability_calibration import TIMED, mixed_loads, rollout_key, source_label
 from nibble.simulator.timeline import build_timeline
 
 # nibble.recipe.PrecisionPlan's defaults, for knobs a variant does not state (tests check them against it).
@@ -266,7 +266,7 @@ class SpeedUp:
 def speed_ups(path: Path, results: dict, calibration: Calibration) -> tuple[list[SpeedUp], list[str]]:
     """The speed-ups of the timed variants of ``results`` (read from ``path``, its step times loaded last
     into ``calibration``), in order of first appearance, and one line per variant skipped saying why."""
-    variants, label = results.get("variants") or {}, source_label(path, results) + ": "
+    variants, label = results.get("variants") or {}, source_label(path, results) + mixed_loads(results) + ": "
     speeds, skipped = [], []
     for name in dict.fromkeys(run["variant"] for run in results["runs"]):
         if not any(TIMED[0] in step for run in results["runs"] if run["variant"] == name for step in run["steps"]):

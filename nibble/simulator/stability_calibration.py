@@ -125,6 +125,8 @@ def read_stability(updates: Updates, path: Path, data: dict) -> None:
         raise ValueError(f"{path}: field 'runs' must be a non-empty list of runs")
     timed: dict[str, list[dict]] = {}  # variant -> its timed steps
     counts: dict[str, int] = {}  # variant -> timed runs
+    loads = run_loads(data)
+    timed_loads: dict[str, set[str]] = {}  # variant -> the loads its timed runs ran under
     for i, run in enumerate(runs):
         run = _object(path, f"runs[{i}]", run)
         variant = _word(path, f"runs[{i}].variant", run.get("variant"), tuple(variants))
@@ -135,17 +137,19 @@ def read_stability(updates: Updates, path: Path, data: dict) -> None:
         if all(kept):
             timed.setdefault(variant, []).extend(kept)
             counts[variant] = counts.get(variant, 0) + 1
+            timed_loads.setdefault(variant, set()).add(loads.get((variant, run.get("seed")), UNKNOWN_LOAD))
         elif any(kept):
             raise ValueError(f"{path}: runs[{i}] times some steps but not others ({TIMED[0]} missing in part)")
     check_values(path, data)
-    label = source_label(path, data)
+    label = source_label(path, data) + mixed_loads(data)
     for key, plan in ROLLOUT_PLANS.items():
         names = _matching(variants, plan, timed)
-        _mean_into(updates, updates.rollout, "rollout", key, names, timed, counts, "generate_seconds", label)
-        _mean_into(updates, updates.weight_sync, "weight_sync", key, names, timed, counts, "publish_seconds", label)
+        args = (names, timed, counts, timed_loads)
+        _mean_into(updates, updates.rollout, "rollout", key, *args, "generate_seconds", label)
+        _mean_into(updates, updates.weight_sync, "weight_sync", key, *args, "publish_seconds", label)
     for key, plan in TRAIN_PLANS.items():
         names = _matching(variants, plan, timed)
-        _mean_into(updates, updates.train, "train", key, names, timed, counts, "train_seconds", label)
+        _mean_into(updates, updates.train, "train", key, names, timed, counts, timed_loads, "train_seconds", label)
     updates.finish(path, _nothing_timed(variants, timed))
 
 
@@ -153,6 +157,59 @@ def source_label(path: Path, data: dict) -> str:
     """What the sources of the numbers a stability file sets begin with (before ``": "``): the file, the
     machine and the response budget."""
     return f"{path} [stability grid{_machine(data)}{_budget(data)}]"
+
+
+def run_loads(data: dict) -> dict[tuple[object, object], str]:
+    """How busy the machine was for each run, by ``(variant, seed)``: from the part that ran it (``parts``,
+    or the file's one ``machine`` when it has no parts), e.g. ``"3 runs at a time per GPU, CUDA MPS"``.
+    Step times are wall-clock seconds, so runs sharing a GPU are slower by their company, not their plan.
+    A part without the record gives :data:`UNKNOWN_LOAD`; nothing here raises."""
+    parts = data.get("parts")
+    if not isinstance(parts, list):
+        parts = [{"machine": data.get("machine"), "runs": [[r.get("variant"), r.get("seed")] for r in data["runs"]
+                                                           if isinstance(r, dict)]}]  # fmt: skip
+    loads = {}
+    for part in parts:
+        if not isinstance(part, dict) or not isinstance(part.get("runs"), list):
+            continue
+        load = _load(part.get("machine"))
+        for run in part["runs"]:
+            if isinstance(run, list) and len(run) == 2:
+                loads[run[0], run[1]] = load
+    return loads
+
+
+UNKNOWN_LOAD = "load not recorded"
+
+
+def _load(machine: object) -> str:
+    if not isinstance(machine, dict):
+        return UNKNOWN_LOAD
+    devices = machine.get("devices")
+    if isinstance(devices, list) and devices and all(isinstance(d, str) for d in devices) and devices[0] != "cpu":
+        at_once = max(devices.count(d) for d in devices)
+        mps = {True: ", CUDA MPS", False: ", time-sliced"}.get(machine.get("cuda_mps"), "")
+        return f"{at_once} run{'s' if at_once > 1 else ''} at a time per GPU{mps}"
+    workers = machine.get("workers")
+    return f"{workers} CPU worker processes" if is_real(workers) else UNKNOWN_LOAD
+
+
+def mixed_loads(data: dict) -> str:
+    """A warning (to append to :func:`source_label`) for a stability file whose timed runs ran under
+    different loads (:func:`run_loads`; parts appended from other sessions), else ``""``."""
+    loads = run_loads(data)
+    every = sorted({
+        loads.get((run.get("variant"), run.get("seed")), UNKNOWN_LOAD)
+        for run in data["runs"]
+        if isinstance(run, dict) and isinstance(run.get("steps"), list)
+        and any(isinstance(step, dict) and TIMED[0] in step for step in run["steps"])
+    })  # fmt: skip
+    if len(every) <= 1:
+        return ""
+    return (
+        f" (WARNING: its timed runs ran under different loads — {' / '.join(every)} — so ratios between their "
+        "step times are partly the load's)"
+    )
 
 
 def rollout_key(knobs: dict) -> str | None:
@@ -219,14 +276,15 @@ def _is_one_of(value: object, allowed: tuple) -> bool:
     )
 
 
-def _mean_into(updates, table, prefix: str, key: str, names: list[str], timed: dict, counts: dict, field: str,
-               label: str) -> None:  # fmt: skip
+def _mean_into(updates, table, prefix: str, key: str, names: list[str], timed: dict, counts: dict, loads: dict,
+               field: str, label: str) -> None:  # fmt: skip
     """Set ``prefix.key`` to the mean ``field`` over the timed steps of ``names`` (nothing when none)."""
     if not names:
         return
     steps = [s for name in names for s in timed[name]]
     runs = sum(counts[name] for name in names)
-    what = f"mean {field} over {len(steps)} steps of {runs} runs of {', '.join(names)}"
+    under = sorted({load for name in names for load in loads[name]})
+    what = f"mean {field} over {len(steps)} steps of {runs} runs of {', '.join(names)} ({'; '.join(under)})"
     updates.set(table, f"{prefix}.{key}", key, fmean(s[field] for s in steps), f"{label}: {what}")
 
 

@@ -159,3 +159,28 @@ def test_bf16_and_nvfp4_runs_calibrate_two_pauses_and_other_formats_keep_theirs(
     )
     assert calibration.weight_sync_seconds["nvfp4_4o6"] == published().weight_sync_seconds["nvfp4_4o6"]
     assert calibration.sources["weight_sync.nvfp4_4o6"] == published().sources["weight_sync.nvfp4_4o6"]
+
+
+def test_each_number_names_the_load_its_runs_ran_under_and_a_file_of_mixed_loads_is_flagged(tmp_path):
+    data = h200_pair()
+    pair = [[run["variant"], run["seed"]] for run in data["runs"]]
+    data["parts"] = [{"machine": {"gpu": "NVIDIA H200", "devices": ["cuda:0", "cuda:0"]}, "runs": pair}]
+    sources = load([write(tmp_path, data)]).sources
+    assert sources["rollout.nvfp4"].endswith("(2 runs at a time per GPU)")
+    assert "WARNING" not in sources["rollout.bf16"]
+    # a later part ran the nvfp4 run three to a GPU under MPS: the BF16/NVFP4 ratio is partly the load's
+    data["parts"] = [
+        {"machine": {"gpu": "NVIDIA H200", "devices": ["cuda:0", "cuda:0"]}, "runs": pair[:1]},
+        {"machine": {"gpu": "NVIDIA H200", "devices": ["cuda:0"] * 3, "cuda_mps": True}, "runs": pair[1:]},
+    ]
+    sources = load([write(tmp_path, data, "mixed.json")]).sources
+    assert sources["rollout.nvfp4"].endswith("(3 runs at a time per GPU, CUDA MPS)")
+    for name in ("rollout.bf16", "rollout.nvfp4", "weight_sync.bf16", "train.bf16"):
+        assert "WARNING: its timed runs ran under different loads" in sources[name]
+        assert "2 runs at a time per GPU / 3 runs at a time per GPU, CUDA MPS" in sources[name]
+    # a file without parts takes its one machine record; one without any says so
+    del data["parts"]
+    data["machine"] = {"cpu": "x", "workers": 2}
+    assert load([write(tmp_path, data, "cpu.json")]).sources["train.bf16"].endswith("(2 CPU worker processes)")
+    del data["machine"]
+    assert load([write(tmp_path, data, "none.json")]).sources["train.bf16"].endswith("(load not recorded)")
