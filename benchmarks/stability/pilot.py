@@ -37,6 +37,7 @@ from statistics import fmean, median
 from benchmarks.stability.results import ROOT, check_writable
 from benchmarks.stability.run import run_on_free_device
 from benchmarks.stability.setting import from_config
+from nibble.simulator.stability_calibration import PILOTS_MARKER
 
 PILOT_VARIANTS = ("nvfp4_naive", "bf16")
 REWARD_TOLERANCE = 0.02
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
         complete = {p: v for p, v in summaries.items() if len(v) == len(PILOT_VARIANTS)}
         chosen, verdicts = choose(complete)
         document = {
-            "benchmark": "stability_pilots",
+            "benchmark": PILOTS_MARKER,
             "command": " ".join([".venv/bin/python", "-m", "benchmarks.stability.pilot", *(argv or sys.argv[1:])]),
             "machine": describe(),
             "config": str(args.config),

@@ -193,7 +193,7 @@ def _print_sources(calibration) -> None:
         typer.echo(f"  weight_sync (every format) = {kept[0][1]:g} s: {WEIGHT_SYNC_SOURCE}")
     elif kept:
         names = ", ".join(name for name, _ in kept)
-        why = "kept: no calibration file timed these formats"
+        why = "kept: no calibration file timed a run of the plan each is measured under"
         typer.echo(f"  {names} = {kept[0][1]:g} s: {WEIGHT_SYNC_SOURCE} ({why})")
 
 
