@@ -20,7 +20,6 @@ import torch.nn.functional as F
 from benchmarks.machine import describe
 from nibble.kernels import gemm, nvfp4
 from nibble.kernels.gpu import gemm as gpu_gemm
-from nibble.kernels.gpu import row_invariance
 from nibble.kernels.tensors import NVFP4Tensor
 
 ROTATE_BYTES = 256 * 2**20
@@ -88,8 +87,11 @@ def bench_dense(n: int, k: int) -> list[dict]:
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
     ws = [w.clone() for _ in range(copies_for(n * k * 2))]
     qw0 = nvfp4.quantize(w, scale="per_tensor", four_over_six="mse", validate=False)
+    # the sampler's form: packed codes and scales plus their fragment layout (nibble.recipe.quant.sampler_form)
     qws = [
-        NVFP4Tensor(qw0.codes.clone(), qw0.block_scales.clone(), qw0.global_scale.clone(), True, qw0.shape)
+        gemm.with_fragments(
+            NVFP4Tensor(qw0.codes.clone(), qw0.block_scales.clone(), qw0.global_scale.clone(), True, qw0.shape)
+        )
         for _ in range(copies_for(qw0.nbytes))
     ]
     for m in (1, 8, 32, 128, 1024, 8192):
@@ -108,7 +110,9 @@ def _dense_row(m: int, n: int, k: int, ws: list[torch.Tensor], qws: list[NVFP4Te
     bf16 = graph_time(lambda i: x @ ws[i].T, len(ws))
     kernel = graph_time(lambda i: gemm.matmul(qx, qws[i], out_dtype=torch.bfloat16), len(qws))
     fused = graph_time(quantize_and_gemm, len(qws))
-    packed = graph_time(lambda i: gpu_gemm.packed_matmul(qx, qws[i], torch.bfloat16), len(qws))
+    # the portable Triton kernel (one dot per block) only where it is not far behind: it serves GPUs the CUDA
+    # kernels do not compile on
+    packed = graph_time(lambda i: gpu_gemm.packed_matmul(qx, qws[i], torch.bfloat16), len(qws)) if m <= 128 else None
     decoded = graph_time(lambda i: gpu_gemm.dequantized_matmul(qx, qws[i], torch.bfloat16), len(qws))
     row = {
         "shape": [n, k],
@@ -120,16 +124,20 @@ def _dense_row(m: int, n: int, k: int, ws: list[torch.Tensor], qws: list[NVFP4Te
         "dequantize_then_cublas": decoded,
         "speedup_gemm": bf16["graph_s"] / kernel["graph_s"],
         "speedup_quantize_and_gemm": bf16["graph_s"] / fused["graph_s"],
-        "path": f"packed Triton GEMM, row tile {row_invariance.row_tile(m, x.device)}",
+        "path": _dense_path(m),
     }
     print(
         f"dense {n}x{k} M={m:5d}: bf16 {bf16['graph_s'] * 1e6:8.1f} us  nvfp4 {kernel['graph_s'] * 1e6:8.1f} us "
         f"(x{row['speedup_gemm']:.2f})  +quant {fused['graph_s'] * 1e6:8.1f} us "
-        f"(x{row['speedup_quantize_and_gemm']:.2f})  [{row['path']}; packed {packed['graph_s'] * 1e6:.1f} us, "
-        f"decoded {decoded['graph_s'] * 1e6:.1f} us]",
+        f"(x{row['speedup_quantize_and_gemm']:.2f})  [{row['path']}; triton "
+        f"{packed['graph_s'] * 1e6 if packed else float('nan'):.1f} us, decoded {decoded['graph_s'] * 1e6:.1f} us]",
         flush=True,
     )
     return row
+
+
+def _dense_path(m: int) -> str:
+    return "CUDA fragment gemv" if m <= gpu_gemm.CROSSOVER_ROWS["dense"] else "CUDA fragment gemm"
 
 
 def bench_moe(tokens: int, copy_bw: float) -> dict:
@@ -155,7 +163,7 @@ def bench_moe(tokens: int, copy_bw: float) -> dict:
             w.shape,
         )
 
-    q_gu, q_dn = stack(w_gu), stack(w_dn)
+    q_gu, q_dn = gemm.with_fragments(stack(w_gu)), gemm.with_fragments(stack(w_dn))  # the sampler's form
 
     def nvfp4_layer(_):
         qx = nvfp4.quantize(x, scale="per_token", four_over_six="mse", validate=False)
@@ -193,7 +201,9 @@ def bench_moe(tokens: int, copy_bw: float) -> dict:
     out = {
         "tokens": tokens,
         "experts_used": used,
-        "nvfp4_path": "grouped Triton GEMM (row-invariant)",
+        "nvfp4_path": "CUDA fragment gemv"
+        if tokens * top_k / e <= gpu_gemm.CROSSOVER_ROWS["grouped"]
+        else "CUDA fragment gemm",
         "bf16_path": bf16_path,
         "bf16": bf16_t,
         "nvfp4": nvfp4_t,

@@ -27,7 +27,17 @@ def describe() -> dict:
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
         info["cuda_mps"] = mps_running()
+        info["nvfp4_gemm"] = nvfp4_gemm()
     return info
+
+
+def nvfp4_gemm() -> str:
+    """Which NVFP4 GEMMs this CUDA machine runs: timings (and, before 2026-12-02, product bits) depend on it.
+    Records without the field predate the block-ordered kernels (the tensor-core-ordered Triton GEMM)."""
+    from nibble.kernels.gpu import gemm  # imports triton
+
+    kernels = "CUDA fragment kernels" if gemm.cuda_kernels(torch.device("cuda")) else "Triton kernel"
+    return f"block-ordered (docs/design.md §2.6), {kernels}"
 
 
 def mps_running() -> bool:

@@ -2,20 +2,50 @@
 
 Both operands are NVFP4 (activations quantised per token, weights per tensor or per expert); the product
 is ``dequantize(x̂) @ dequantize(Ŵ).T`` with float32 (or wider) accumulation. Products of E2M1 and E4M3
-values are exact, so backends differ only in accumulation order. The Triton backend keeps the weights
-packed and decodes them in registers (docs/design.md §8: on Hopper 4-bit weights pay off through memory
-traffic); the reference backend decodes and multiplies in float64.
+values are exact, so backends differ only in accumulation order. On GPUs the order is the block-ordered
+sum of docs/design.md §2.6, which fixes every row's bits whatever the row count, kernel or tile: the Triton
+kernel keeps the weights packed and decodes them in registers (docs/design.md §8: on Hopper 4-bit weights
+pay off through memory traffic), and weights prepared with :func:`with_fragments` (a sampler's) also run
+the CUDA fragment kernel at decode sizes. The reference backend (CPU) decodes and multiplies in float64;
+:mod:`nibble.kernels.reference.block_gemm` is the block-ordered sum in plain PyTorch, for tests.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from . import backend as _backend
+from .fragments import to_fragments
 from .tensors import NVFP4Tensor
 from .validation import check_output_dtype
 
-__all__ = ["grouped_matmul", "matmul"]
+__all__ = ["grouped_matmul", "matmul", "refresh_fragments", "with_fragments"]
+
+
+def with_fragments(qw: NVFP4Tensor) -> NVFP4Tensor:
+    """``qw`` (``[N, K]`` or an expert stack ``[E, N, K]``) carrying its codes and block scales also in the
+    tensor-core fragment layout (:mod:`nibble.kernels.fragments`): a sampler's packed form, which the decode-size
+    GEMM reads. Costs as much memory again as the codes and scales. On a CPU tensor the fragments are built
+    too (for tests); only CUDA products read them.
+
+    Raises:
+        ValueError: ``qw`` is not an NVFP4 weight ``[N, K]`` / ``[E, N, K]``.
+    """
+    if not isinstance(qw, NVFP4Tensor) or len(qw.shape) not in (2, 3):
+        raise ValueError(f"with_fragments: needs an NVFP4 weight [N, K] or [E, N, K], got {type(qw).__name__}")
+    return dataclasses.replace(qw, fragments=to_fragments(qw.codes, qw.block_scales))
+
+
+def refresh_fragments(qw: NVFP4Tensor) -> None:
+    """Rewrite ``qw.fragments`` in place from ``qw``'s codes and block scales (after those were overwritten in
+    place, e.g. by a weight update), keeping the fragment tensors' storage (a captured CUDA graph reads it)."""
+    if qw.fragments is None:
+        return
+    fresh = to_fragments(qw.codes, qw.block_scales)
+    qw.fragments.words.copy_(fresh.words)
+    qw.fragments.scales.copy_(fresh.scales)
 
 
 def matmul(

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from .codecs import e2m1_decode, unpack_e2m1
+from .fragments import NVFP4Fragments
 from .validation import check_output_dtype
 
 NVFP4_BLOCK = 16
@@ -28,6 +29,10 @@ class NVFP4Tensor:
             per-tensor-scaled expert weights ``[E, N, K]``.
         four_over_six: whether 4/6 chose the block scales (then ``E = 256``); decoding ignores it.
         shape: the logical shape ``[..., K]`` of the quantised tensor.
+        fragments: the same codes and block scales in the tensor-core fragment layout
+            (:mod:`nibble.kernels.fragments`), kept beside them by a sampler's packed weights for the
+            decode-size GEMM; ``None`` elsewhere. Whoever changes ``codes`` or ``block_scales`` in place
+            refreshes it (:func:`nibble.kernels.gemm.refresh_fragments`).
 
     Decode (docs/design.md §2.2 step 5): ``x̂ = e2m1_value(code) * float(block_scale) * global_scale``.
     """
@@ -37,6 +42,7 @@ class NVFP4Tensor:
     global_scale: torch.Tensor
     four_over_six: bool
     shape: torch.Size
+    fragments: NVFP4Fragments | None = None
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Decode to a dense tensor of ``self.shape`` in ``dtype`` (computed in float32, cast once).
@@ -54,7 +60,7 @@ class NVFP4Tensor:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by codes, block scales and global scale together."""
+        """Bytes held by codes, block scales and global scale together (not the fragment copy)."""
         return sum(t.numel() * t.element_size() for t in (self.codes, self.block_scales, self.global_scale))
 
     @property

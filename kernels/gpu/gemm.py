@@ -1,4 +1,11 @@
-"""Launchers for the Triton NVFP4 GEMM: dense ``x @ W.T`` and grouped (one launch per MoE layer)."""
+"""Launchers for the NVFP4 GEMMs: dense ``x @ W.T`` and grouped (one launch per MoE layer).
+
+Three kernels compute the block-ordered sum of docs/design.md §2.6 and so give every row the same bits: on
+CUDA the fragment kernels of :mod:`.fragment_gemm` — ``gemv`` up to :data:`CROSSOVER_ROWS` rows per weight
+matrix, ``gemm`` beyond — on weights in the fragment layout (a sampler's packed weights carry it; other
+weights, the trainer's quantised-per-forward ones, are rearranged on the way in); the packed Triton kernel
+(:mod:`.nvfp4_gemm`) where those do not compile, and in the CPU test suite through Triton's interpreter.
+"""
 
 from __future__ import annotations
 
@@ -6,54 +13,37 @@ import torch
 import triton
 import triton.language as tl
 
+from ..fragments import NVFP4Fragments, to_fragments
 from ..tensors import NVFP4_BLOCK, NVFP4Tensor
-from . import grouped
+from . import fragment_gemm, grouped
 from .nvfp4 import dequantize
 from .nvfp4_gemm import nvfp4_gemm_kernel
-from .row_invariance import row_tile, split_k, sum_in_split_order
+from .row_invariance import row_tile
 
-# Row invariance (:mod:`.row_invariance`): one BLOCK_K and operand type for every row count, K split by the
-# column tiles alone, the row tile from the rows per weight matrix. The dequantise-and-vendor-GEMM form below
-# stays for benchmarks/kernels_gpu.py to measure against.
+# Rows per weight matrix up to which gemv beats gemm (dense products: M; grouped: rows per expert), measured
+# on the H200 by benchmarks/gemm_backends_gpu.py (benchmarks/results/h200_gemm_backends.json, "crossover_rows").
+CROSSOVER_ROWS = {"dense": 96, "grouped": 16}
 BLOCK_N = 64
-_CUDA_CONFIG = {"BLOCK_N": BLOCK_N, "BLOCK_K": 128, "num_stages": 4}
 # The Triton interpreter (CPU tests) runs a smaller tile.
-_INTERPRETER_CONFIG = {"BLOCK_N": 32, "BLOCK_K": 64}
+_INTERPRETER_BLOCK_N = 32
+_CUDA_OUT = (torch.float32, torch.bfloat16)
 
 
-def _launch(
-    m_tiles: int,
-    n: int,
-    k: int,
-    out: torch.Tensor,
-    xe,
-    xo,
-    xg,
-    x_rows,
-    w_codes,
-    w_scales,
-    wg,
-    tiles,
-    rows,
-    num_warps: int,
-    **constexprs,
+def _launch_triton(
+    m_tiles: int, n: int, k: int, out: torch.Tensor, x, xg, x_rows, w_codes, w_scales, wg, tiles, num_warps, **flags
 ):
-    """Run the kernel into ``out`` ``[rows, n]``, through a float32 split-K workspace when K is split."""
-    cuda = xe.is_cuda
-    block_n = BLOCK_N if cuda else _INTERPRETER_CONFIG["BLOCK_N"]
-    split = split_k(triton.cdiv(n, block_n), k, xe.device)
-    target = out if split == 1 else torch.empty((split, rows, n), dtype=torch.float32, device=out.device)
-    args = (xe, xo, xg, x_rows, w_codes, w_scales, wg, target, *tiles, rows, n, k)
-    grid = (m_tiles, triton.cdiv(n, block_n), split)
+    """Run the Triton kernel into ``out`` ``[rows, n]``."""
+    cuda = x.is_cuda
+    block_n = BLOCK_N if cuda else _INTERPRETER_BLOCK_N
+    grid = (m_tiles, triton.cdiv(n, block_n))
+    args = (x, xg, x_rows, w_codes, w_scales, wg, out, *tiles, out.shape[0], n, k)
     if cuda:
         nvfp4_gemm_kernel[grid](
-            *args, **constexprs, SPLIT_K=split, **_CUDA_CONFIG, num_warps=num_warps, DOT_DTYPE=tl.float16,
+            *args, **flags, BLOCK_N=block_n, num_warps=num_warps, num_stages=3, DOT_DTYPE=tl.float16,
             enable_fp_fusion=False,
         )  # fmt: skip
     else:
-        nvfp4_gemm_kernel[grid](*args, **constexprs, SPLIT_K=split, **_INTERPRETER_CONFIG, DOT_DTYPE=tl.float32)
-    if split > 1:
-        out.copy_(sum_in_split_order(target))
+        nvfp4_gemm_kernel[grid](*args, **flags, BLOCK_N=block_n, DOT_DTYPE=tl.float32)
 
 
 def _decoded_activations(qx: NVFP4Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,11 +56,10 @@ def _decoded_activations(qx: NVFP4Tensor, dtype: torch.dtype) -> tuple[torch.Ten
     return dequantize(_unscaled(qx), dtype), g
 
 
-def _planes(qx: NVFP4Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The packed kernel's activation operands: even and odd elements ``[M, K / 2]`` (float16 on GPUs,
-    float32 in the interpreter) and the per-row global scales ``[M]``."""
-    xd, g = _decoded_activations(qx, torch.float16 if qx.codes.is_cuda else torch.float32)
-    return xd[:, 0::2].contiguous(), xd[:, 1::2].contiguous(), g
+def _activations(qx: NVFP4Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernels' activation operand ``[M, K]`` (float16 on GPUs, float32 in the interpreter) and the per-row
+    global scales ``[M]``."""
+    return _decoded_activations(qx, torch.float16 if qx.codes.is_cuda else torch.float32)
 
 
 def _flat(t: NVFP4Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,8 +75,19 @@ def _unscaled(t: NVFP4Tensor) -> NVFP4Tensor:
     return NVFP4Tensor(t.codes, t.block_scales, ones, t.four_over_six, t.shape)
 
 
+def _fragments(qw: NVFP4Tensor) -> NVFP4Fragments:
+    return qw.fragments if qw.fragments is not None else to_fragments(qw.codes, qw.block_scales)
+
+
+def cuda_kernels(device: torch.device) -> bool:
+    """Whether the fragment kernels serve NVFP4 products on ``device``."""
+    return device.type == "cuda" and fragment_gemm.available(
+        device.index if device.index is not None else torch.cuda.current_device()
+    )
+
+
 def matmul(qx: NVFP4Tensor, qw: NVFP4Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    """``dequantize(qx) @ dequantize(qw).T`` with float32 accumulation.
+    """``dequantize(qx) @ dequantize(qw).T``, block-ordered (docs/design.md §2.6).
 
     Args:
         qx: activations ``[M, K]`` quantised per token (global scale ``[M]``) or per tensor (``[]``).
@@ -95,26 +95,48 @@ def matmul(qx: NVFP4Tensor, qw: NVFP4Tensor, out_dtype: torch.dtype) -> torch.Te
         out_dtype: dtype of the result ``[M, N]``.
     Operands are validated by :func:`nibble.kernels.gemm.matmul`.
     """
+    if cuda_kernels(qx.device):
+        return fragment_matmul(qx, qw, out_dtype)
     return packed_matmul(qx, qw, out_dtype)
+
+
+def fragment_matmul(
+    qx: NVFP4Tensor,
+    qw: NVFP4Tensor,
+    out_dtype: torch.dtype,
+    gemv: bool | None = None,
+    tile: tuple[int, int, int] | None = None,
+) -> torch.Tensor:
+    """:func:`matmul` through the CUDA fragment kernels. ``gemv``: which kernel (default: by
+    :data:`CROSSOVER_ROWS`); ``tile``: a gemv tile other than the default (benchmarks choose their own)."""
+    m = qx.shape[0]
+    kernel_dtype = out_dtype if out_dtype in _CUDA_OUT else torch.float32
+    out = torch.empty((m, qw.shape[0]), dtype=kernel_dtype, device=qx.device)
+    if m:
+        x, xg = _activations(qx)
+        wg = qw.global_scale.reshape(1).to(torch.float32)
+        gemv = m <= CROSSOVER_ROWS["dense"] if gemv is None else gemv
+        fragment_gemm.launch(x, xg, _fragments(qw), wg, out, rows_per_matrix=m, gemv=gemv, tile=tile)
+    return out.to(out_dtype)
 
 
 def packed_matmul(
     qx: NVFP4Tensor, qw: NVFP4Tensor, out_dtype: torch.dtype, tile: tuple[int, int] | None = None
 ) -> torch.Tensor:
-    """:func:`matmul` through the packed Triton GEMM; each row's result is independent of the row count.
-    ``tile``: ``(BLOCK_M, num_warps)``, by default :func:`row_tile` of M (benchmarks choose their own)."""
+    """:func:`matmul` through the packed Triton GEMM. ``tile``: ``(BLOCK_M, num_warps)``, by default
+    :func:`row_tile` of M (a speed choice: every tile gives the same bits)."""
     m, k = qx.shape
     n = qw.shape[0]
     out = torch.empty((m, n), dtype=out_dtype, device=qx.device)
     if m == 0:
         return out
-    xe, xo, xg = _planes(qx)
+    x, xg = _activations(qx)
     block_m, num_warps = tile or row_tile(m, qx.device)
     w_codes, w_scales = _flat(qw)
     wg = qw.global_scale.reshape(1).to(torch.float32)
     unused = xg  # the grouped-only pointers
-    _launch(
-        triton.cdiv(m, block_m), n, k, out, xe, xo, xg, unused, w_codes, w_scales, wg, (unused,) * 4, m, num_warps,
+    _launch_triton(
+        triton.cdiv(m, block_m), n, k, out, x, xg, unused, w_codes, w_scales, wg, (unused,) * 4, num_warps,
         GROUPED=False, GATHER_X=False, BLOCK_M=block_m,
     )  # fmt: skip
     return out
@@ -147,22 +169,62 @@ def grouped_matmul(
         out_dtype: dtype of the result ``[R, N]``.
     Operands are validated by :func:`nibble.kernels.gemm.grouped_matmul`.
     """
+    if cuda_kernels(qx.device):
+        return fragment_grouped_matmul(qx, qw, experts, x_rows, out_dtype)
+    return packed_grouped_matmul(qx, qw, experts, x_rows, out_dtype)
+
+
+def fragment_grouped_matmul(
+    qx: NVFP4Tensor,
+    qw: NVFP4Tensor,
+    experts: torch.Tensor,
+    x_rows: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    gemv: bool | None = None,
+) -> torch.Tensor:
+    """:func:`grouped_matmul` through the CUDA fragment kernels (``gemv`` as :func:`fragment_matmul`)."""
+    num_experts, n = qw.shape[0], qw.shape[1]
+    r = experts.shape[0]
+    kernel_dtype = out_dtype if out_dtype in _CUDA_OUT else torch.float32
+    out = torch.empty((r, n), dtype=kernel_dtype, device=qx.device)
+    if r:
+        x, xg = _activations(qx)
+        wg = qw.global_scale.to(torch.float32).contiguous()
+        per_expert = r / num_experts
+        gemv = per_expert <= CROSSOVER_ROWS["grouped"] if gemv is None else gemv
+        rows = fragment_gemm.rows_per_cta(per_expert, gemv)
+        tile_expert, tile_start, tile_end, num_tiles, max_tiles = _tiles(experts, num_experts, rows)
+        fragment_gemm.launch(
+            x, xg, _fragments(qw), wg, out, rows_per_matrix=per_expert, gemv=gemv, x_rows=x_rows,
+            tiles=(tile_expert, tile_start, tile_end, num_tiles), grid_rows=max_tiles,
+        )  # fmt: skip
+    return out.to(out_dtype)
+
+
+def packed_grouped_matmul(
+    qx: NVFP4Tensor,
+    qw: NVFP4Tensor,
+    experts: torch.Tensor,
+    x_rows: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """:func:`grouped_matmul` through the packed Triton GEMM."""
     k = qx.shape[1]
     num_experts, n = qw.shape[0], qw.shape[1]
     r = experts.shape[0]
     out = torch.empty((r, n), dtype=out_dtype, device=qx.device)
     if r == 0:
         return out
+    x, xg = _activations(qx)
+    wg = qw.global_scale.to(torch.float32).contiguous()
     block_m, num_warps = row_tile(r / num_experts, qx.device)
     tile_expert, tile_start, tile_end, num_tiles, max_tiles = _tiles(experts, num_experts, block_m)
-    xe, xo, xg = _planes(qx)
     w_codes, w_scales = _flat(qw)
     gather = x_rows is not None
     rows_index = x_rows if gather else tile_start
-    wg = qw.global_scale.to(torch.float32).contiguous()
-    _launch(
-        max_tiles, n, k, out, xe, xo, xg, rows_index, w_codes, w_scales, wg,
-        (tile_expert, tile_start, tile_end, num_tiles), r, num_warps,
+    _launch_triton(
+        max_tiles, n, k, out, x, xg, rows_index, w_codes, w_scales, wg,
+        (tile_expert, tile_start, tile_end, num_tiles), num_warps,
         GROUPED=True, GATHER_X=gather, BLOCK_M=block_m,
     )  # fmt: skip
     return out

@@ -1,5 +1,6 @@
-"""The launch rules that keep a row's GEMM result independent of the number of rows, shared by the packed
-NVFP4 GEMM (:mod:`.gemm`) and the unquantised one (:mod:`.dense_gemm`).
+"""The launch rules that keep a row's GEMM result independent of the number of rows in the unquantised GEMM
+(:mod:`.dense_gemm`); the NVFP4 GEMMs need none (their block-ordered sum fixes every row's bits whatever the
+launch, docs/design.md §2.6) and take only :func:`row_tile` from here, for speed.
 
 Row r of a product must not depend on how many rows are computed with it — the sampler decodes a few rows
 at a time, the trainer scores thousands, and the bit-exact logprob contract needs the same bits from both.
@@ -13,7 +14,8 @@ holds, not the order in which a row sums over K. That each row then gets the sam
 was measured, not assumed: on the H200 every tile of :data:`ROW_TILES` gave bit-identical rows to (16, 4)
 at every row count from 1 to 8192 (packed GEMM, three shapes: benchmarks/gemm_tiles_gpu.py,
 benchmarks/results/h200_gemm_tiles.json; dense GEMM, five shapes: benchmarks/dense_gemm_gpu.py,
-benchmarks/results/h200_dense_gemm.json), and the table is the packed GEMM's fastest there.
+benchmarks/results/h200_dense_gemm.json), and the table was the packed GEMM's fastest there (measured
+while that GEMM still summed in the tensor cores' order).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from torch import nn
 from nibble.kernels import NVFP4Tensor
 from nibble.recipe.modules import PlannedExperts, PlannedLinear
 from nibble.recipe.plan import PrecisionPlan
-from nibble.recipe.quant import quantize_weight, quantize_weights_together
+from nibble.recipe.quant import quantize_weight, quantize_weights_together, refresh_sampler_form
 
 SEPARATOR = "::"
 _NVFP4_PARTS = ("codes", "block_scales", "global_scale")
@@ -85,16 +85,25 @@ def load_sampler_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None
     with torch.no_grad():
         for name, target in expected.items():
             target.copy_(state[name])
+        for _, _, packed in _packed_modules(model):
+            for q in packed:
+                refresh_sampler_form(q)
 
 
-def _expected(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Every tensor a sampler-form model holds (the copy destinations), by wire name."""
-    out = {name: param.data for name, param in model.named_parameters()}
+def _packed_modules(model: nn.Module):
+    """``(module name, weight names, quantised weights)`` of every packed quantised layer of ``model``."""
     for module_name, module in model.named_modules():
         if not isinstance(module, (PlannedLinear, PlannedExperts)) or module.packed is None:
             continue
         packed = module.packed if isinstance(module, PlannedExperts) else (module.packed,)
         names = ("gate_up_proj", "down_proj") if isinstance(module, PlannedExperts) else ("weight",)
+        yield module_name, names, packed
+
+
+def _expected(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every tensor a sampler-form model holds (the copy destinations), by wire name."""
+    out = {name: param.data for name, param in model.named_parameters()}
+    for module_name, names, packed in _packed_modules(model):
         for weight_name, q in zip(names, packed, strict=True):
             parts = _NVFP4_PARTS if isinstance(q, NVFP4Tensor) else _MXFP8_PARTS
             for part in parts:

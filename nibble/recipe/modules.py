@@ -17,7 +17,7 @@ from nibble.recipe.compute import linear
 from nibble.recipe.grouped import expert_linear, grouped_quantized_matmul
 from nibble.recipe.linear import quantized_matmul, select
 from nibble.recipe.plan import PrecisionPlan
-from nibble.recipe.quant import QuantizedWeight, quantize_weight
+from nibble.recipe.quant import QuantizedWeight, quantize_weight, sampler_form
 
 
 def bf16_operand(weight: torch.Tensor, plan: PrecisionPlan) -> torch.Tensor:
@@ -73,7 +73,8 @@ class PlannedLinear(nn.Module):
         if self.fmt == "bf16":
             self.weight = nn.Parameter(self.weight.to(torch.bfloat16), requires_grad=False)
         else:
-            self.packed = qweight if qweight is not None else quantize_weight(self.weight, self.fmt, self.plan)
+            q = qweight if qweight is not None else quantize_weight(self.weight, self.fmt, self.plan)
+            self.packed = sampler_form(q)
             del self.weight
             self.register_parameter("weight", None)
         if self.bias is not None:
@@ -168,7 +169,9 @@ class PlannedExperts(nn.Module):
             self.gate_up_proj = nn.Parameter(self.gate_up_proj.to(torch.bfloat16), requires_grad=False)
             self.down_proj = nn.Parameter(self.down_proj.to(torch.bfloat16), requires_grad=False)
             return
-        self.packed = tuple(quantize_weight(w, self.fmt, self.plan) for w in (self.gate_up_proj, self.down_proj))
+        self.packed = tuple(
+            sampler_form(quantize_weight(w, self.fmt, self.plan)) for w in (self.gate_up_proj, self.down_proj)
+        )
         del self.gate_up_proj, self.down_proj
         self.register_parameter("gate_up_proj", None)
         self.register_parameter("down_proj", None)

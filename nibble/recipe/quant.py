@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from nibble.kernels import MXFP8Tensor, NVFP4Tensor, mxfp8, nvfp4
+from nibble.kernels import MXFP8Tensor, NVFP4Tensor, gemm, mxfp8, nvfp4
 from nibble.recipe.plan import PrecisionPlan
 
 QuantizedWeight = NVFP4Tensor | MXFP8Tensor
@@ -39,6 +39,22 @@ def quantize_weight(weight: torch.Tensor, fmt: str, plan: PrecisionPlan) -> Quan
         four_over_six=flat.four_over_six,
         shape=w.shape,
     )
+
+
+def sampler_form(q: QuantizedWeight) -> QuantizedWeight:
+    """What a sampler keeps of a quantised weight: on CUDA an NVFP4 weight also carries the tensor-core
+    fragment layout that the decode-size GEMM reads (:func:`nibble.kernels.gemm.with_fragments`), made
+    once here rather than on every step; anything else unchanged."""
+    if isinstance(q, NVFP4Tensor) and q.codes.is_cuda:
+        return gemm.with_fragments(q)
+    return q
+
+
+def refresh_sampler_form(q: QuantizedWeight) -> None:
+    """After ``q``'s codes and scales were overwritten in place (a weight update), bring its fragment layout up
+    to date, in place."""
+    if isinstance(q, NVFP4Tensor):
+        gemm.refresh_fragments(q)
 
 
 def quantize_weights_together(weights: Sequence[torch.Tensor], plan: PrecisionPlan) -> list[NVFP4Tensor]:

@@ -5,8 +5,10 @@ import copy
 import pytest
 import torch
 
+from nibble.kernels import gemm
+from nibble.kernels.fragments import to_fragments
 from nibble.model import MoETransformer, tiny
-from nibble.recipe import PrecisionPlan
+from nibble.recipe import PlannedExperts, PlannedLinear, PrecisionPlan
 from nibble.recipe.export import load_sampler_state, published_state, quantize_state
 
 
@@ -43,3 +45,30 @@ def test_mismatched_state_is_rejected_naming_the_tensor():
         load_sampler_state(sampler, broken)
     with pytest.raises(ValueError, match="bfloat16"):
         quantize_state({"model.norm.weight": torch.ones(4)}, plan)
+
+
+def test_a_weight_update_refreshes_the_samplers_fragment_layout():
+    """A CUDA sampler keeps each NVFP4 weight also in the fragment layout its decode GEMM reads; a weight
+    update copies new codes in place and must rewrite that layout in place too (a captured CUDA graph keeps
+    reading the same storage). Here the layout is attached by hand, as sampler_form does on CUDA."""
+    torch.manual_seed(0)
+    config = tiny(vocab_size=32)
+    plan = PrecisionPlan(num_layers=config.num_hidden_layers)
+    trainer = MoETransformer(config, plan)
+    torch.manual_seed(1)
+    sampler = MoETransformer(config, plan).pack()
+    prepared = []
+    for module in sampler.modules():
+        if isinstance(module, PlannedExperts) and module.packed is not None:
+            module.packed = tuple(gemm.with_fragments(q) for q in module.packed)
+            prepared += list(module.packed)
+        elif isinstance(module, PlannedLinear) and module.packed is not None and module.fmt == "nvfp4":
+            module.packed = gemm.with_fragments(module.packed)
+            prepared.append(module.packed)
+    assert prepared
+    storage = [q.fragments.words.data_ptr() for q in prepared]
+    load_sampler_state(sampler, quantize_state(published_state(trainer), plan))
+    for q, pointer in zip(prepared, storage, strict=True):
+        fresh = to_fragments(q.codes, q.block_scales)
+        assert q.fragments.words.data_ptr() == pointer
+        assert torch.equal(q.fragments.words, fresh.words) and torch.equal(q.fragments.scales, fresh.scales)

@@ -1,0 +1,201 @@
+"""The NVFP4 GEMM kernels side by side on the GPU, to set where each runs (``CROSSOVER_ROWS`` in
+``kernels/gpu/gemm.py``): the CUDA fragment kernels ``gemv`` and ``gemm``, with cuBLAS bf16 beside them
+(and the portable Triton kernel at small row counts), over the row counts a sampler and a trainer use,
+dense and grouped. All give the same bits (checked here on every measured shape), so the choice is speed
+only. ``--sweep`` times gemv's launch parameters instead.
+
+Timed as benchmarks/kernels_gpu.py times (CUDA-graph replay, weights rotated through > 256 MB so L2 is
+cold). Run on the GPU machine:
+
+    python -m benchmarks.gemm_backends_gpu --out benchmarks/results/h200_gemm_backends.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from benchmarks.kernels_gpu import copies_for, graph_time
+from benchmarks.machine import describe
+from nibble.kernels import gemm, nvfp4
+from nibble.kernels.gpu import gemm as gpu_gemm
+from nibble.kernels.gpu import grouped
+from nibble.kernels.tensors import NVFP4Tensor
+
+DENSE_SHAPES = ((8192, 7168), (4096, 4096), (1536, 2048))
+DENSE_ROWS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 256, 1024, 4096)
+TRITON_ROWS = 8  # the portable Triton kernel is timed up to here (one dot per block: far slower beyond)
+EXPERTS, HIDDEN, INTER = 128, 2048, 768
+GROUPED_ROWS_PER_EXPERT = (1, 2, 4, 8, 16, 32, 64)
+SWEEP_TILES = tuple((rows, prefetch, warps) for rows in (8, 16, 32) for prefetch in (2, 4) for warps in (4, 8))
+
+
+def _weights(n: int, k: int) -> list[NVFP4Tensor]:
+    """Copies of one quantised weight in the sampler's form (codes, scales and fragments), > 256 MB in all."""
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+    qw = nvfp4.quantize(w, scale="per_tensor", four_over_six="mse", validate=False)
+    return [
+        gemm.with_fragments(NVFP4Tensor(qw.codes.clone(), qw.block_scales.clone(), qw.global_scale, True, qw.shape))
+        for _ in range(copies_for(qw.nbytes))
+    ]
+
+
+def _activations(m: int, k: int) -> NVFP4Tensor:
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    return nvfp4.quantize(x, scale="per_token", four_over_six="mse", validate=False)
+
+
+def _dense(n: int, k: int) -> list[dict]:
+    qws = _weights(n, k)
+    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies_for(n * k * 2))]
+    rows = []
+    for m in DENSE_ROWS:
+        qx = _activations(m, k)
+        x = qx.dequantize(torch.bfloat16)
+        gemv = gpu_gemm.fragment_matmul(qx, qws[0], torch.float32, gemv=True)
+        same = torch.equal(gemv, gpu_gemm.fragment_matmul(qx, qws[0], torch.float32, gemv=False))
+        if m <= TRITON_ROWS:
+            same = same and torch.equal(gemv, gpu_gemm.packed_matmul(qx, qws[0], torch.float32))
+
+        def run(i, qx=qx, gemv=True):
+            return gpu_gemm.fragment_matmul(qx, qws[i], torch.bfloat16, gemv=gemv)
+
+        row = {
+            "shape": [n, k],
+            "m": m,
+            "bf16": graph_time(lambda i, x=x: x @ ws[i].T, len(ws)),
+            "gemv": graph_time(run, len(qws)),
+            "gemm": graph_time(lambda i, qx=qx: run(i, qx, False), len(qws)),
+            "same_bits": same,
+        }
+        if m <= TRITON_ROWS:
+            row["triton"] = graph_time(lambda i, qx=qx: gpu_gemm.packed_matmul(qx, qws[i], torch.bfloat16), len(qws))
+        triton_us = row["triton"]["graph_s"] * 1e6 if "triton" in row else float("nan")
+        print(
+            f"dense {n}x{k} M={m:4d}: bf16 {row['bf16']['graph_s'] * 1e6:8.1f} us  gemv "
+            f"{row['gemv']['graph_s'] * 1e6:8.1f} us  gemm {row['gemm']['graph_s'] * 1e6:8.1f} us  "
+            f"triton {triton_us:8.1f} us  same bits {same}",
+            flush=True,
+        )
+        rows.append(row)
+    return rows
+
+
+def _stack(w: torch.Tensor) -> NVFP4Tensor:
+    e = w.shape[0]
+    flat = nvfp4.quantize(w.reshape(e, -1), scale="per_token", four_over_six="mse", validate=False)
+    q = NVFP4Tensor(
+        flat.codes.reshape(*w.shape[:-1], w.shape[-1] // 2),
+        flat.block_scales.reshape(*w.shape[:-1], w.shape[-1] // 16),
+        flat.global_scale,
+        True,
+        w.shape,
+    )
+    return gemm.with_fragments(q)
+
+
+def _grouped(n: int, k: int) -> list[dict]:
+    """One projection of a 128-expert layer with ``r`` rows on every expert."""
+    w = torch.randn(EXPERTS, n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+    qw, wt = _stack(w), w.transpose(1, 2)
+    rows = []
+    for r in GROUPED_ROWS_PER_EXPERT:
+        experts = torch.arange(EXPERTS, device="cuda").repeat_interleave(r)
+        qx = _activations(experts.numel(), k)
+        x = qx.dequantize(torch.bfloat16)
+        offs = torch.cumsum(grouped.expert_counts(experts, EXPERTS), 0).to(torch.int32)
+
+        def run(_, qx=qx, e=experts, gemv=True):
+            return gpu_gemm.fragment_grouped_matmul(qx, qw, e, None, torch.bfloat16, gemv=gemv)
+
+        same = torch.equal(run(0), run(0, gemv=False))
+        row = {
+            "shape": [EXPERTS, n, k],
+            "rows_per_expert": r,
+            "bf16": graph_time(lambda i, x=x, offs=offs: torch._grouped_mm(x, wt, offs=offs), 1),
+            "gemv": graph_time(run, 1),
+            "gemm": graph_time(lambda i, qx=qx, e=experts: run(i, qx, e, False), 1),
+            "same_bits": same,
+        }
+        print(
+            f"grouped {EXPERTS}x{n}x{k} rows/expert={r:3d}: bf16 {row['bf16']['graph_s'] * 1e6:8.1f} us  "
+            f"gemv {row['gemv']['graph_s'] * 1e6:8.1f} us  gemm {row['gemm']['graph_s'] * 1e6:8.1f} us"
+            f"  same bits {same}",
+            flush=True,
+        )
+        rows.append(row)
+    return rows
+
+
+def sweep() -> list[dict]:
+    """gemv's launch parameters (rows per CTA, prefetch quads, warps) at decode sizes; every one gives
+    gemm's bits (checked)."""
+    out = []
+    for n, k in ((8192, 7168), (1536, 2048)):
+        qws = _weights(n, k)
+        for m in (1, 8, 16, 32, 64):
+            qx = _activations(m, k)
+            expected = gpu_gemm.fragment_matmul(qx, qws[0], torch.bfloat16, gemv=False)
+            for tile in SWEEP_TILES:
+                if tile[0] < min(m, 32):
+                    continue
+
+                def run(i, qx=qx, tile=tile, qws=qws):
+                    return gpu_gemm.fragment_matmul(qx, qws[i], torch.bfloat16, gemv=True, tile=tile)
+
+                t = graph_time(run, len(qws))
+                same = torch.equal(run(0), expected)
+                out.append({"shape": [n, k], "m": m, "tile": list(tile), **t, "same_bits": same})
+                print(f"gemv {n}x{k} M={m:3d} tile={tile}: {t['graph_s'] * 1e6:7.1f} us  {same}", flush=True)
+    return out
+
+
+def crossover(rows: list[dict], key: str) -> int:
+    """The largest row count up to which gemv beat gemm at every measured count."""
+    best = 0
+    for row in sorted(rows, key=lambda r: r[key]):
+        if row["gemv"]["graph_s"] >= row["gemm"]["graph_s"]:
+            break
+        best = row[key]
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200_gemm_backends.json"))
+    parser.add_argument("--skip", nargs="*", default=[], choices=["dense", "grouped"])
+    parser.add_argument("--sweep", action="store_true", help="time the fragment kernel's launch parameters instead")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks/gemm_backends_gpu.py needs a CUDA GPU")
+    torch.manual_seed(0)
+    result = {"machine": describe(), "command": "python -m benchmarks.gemm_backends_gpu" + (" --sweep" * args.sweep)}
+    if args.sweep:
+        result["sweep"] = sweep()
+    else:
+        if "dense" not in args.skip:
+            result["dense"] = [row for n, k in DENSE_SHAPES for row in _dense(n, k)]
+            result["crossover_rows_dense_per_shape"] = [
+                crossover([r for r in result["dense"] if r["shape"] == [n, k]], "m") for n, k in DENSE_SHAPES
+            ]
+        if "grouped" not in args.skip:
+            result["grouped"] = _grouped(2 * INTER, HIDDEN) + _grouped(HIDDEN, INTER)
+            result["crossover_rows_grouped_per_shape"] = [
+                crossover([r for r in result["grouped"] if r["shape"][1:] == [n, k]], "rows_per_expert")
+                for n, k in ((2 * INTER, HIDDEN), (HIDDEN, INTER))
+            ]
+        result["crossover_rows"] = {
+            "dense": min(result.get("crossover_rows_dense_per_shape", [0])),
+            "grouped": min(result.get("crossover_rows_grouped_per_shape", [0])),
+        }
+        print(f"crossover (gemv up to these rows per weight, gemm beyond): {result['crossover_rows']}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

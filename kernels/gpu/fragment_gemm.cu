@@ -1,0 +1,324 @@
+// Packed NVFP4 x NVFP4 products on weights in the fragment layout of nibble/kernels/fragments.py. Compiled
+// at run time with NVRTC (no CUDA toolkit needed beyond what a CUDA build of PyTorch ships);
+// fragment_gemm.py defines the macros and launches them.
+//
+// Arithmetic (docs/design.md §2.6, "block-ordered accumulation"): for output row r and column n, each
+// 16-element block b gives t_b = sum_i x[r, 16b + i] * w[n, 16b + i] over operands decoded without their
+// global scales. Every such t_b is exact in float32 (E2M1 x E4M3 products are exact and a block's sum
+// spans at most 20 bits), so one mma.m16n8k16 per block with a zero accumulator computes it exactly
+// whatever the tensor core's internal order. Blocks are then added in float32, one IEEE add each, in
+// block order within chunks of 32 blocks; chunk sums are added in chunk order; the result is multiplied by
+// the activation's and the weight's global scales. That order depends on K alone, so a row gets the same
+// bits from either kernel here, from the Triton kernel and from the CPU reference, whatever the row count.
+//
+// Weights are the mma's A operand (16 weight rows of one column group), activations the B operand (8 rows
+// per n8 tile). Two kernels:
+// - nvfp4_fragment_gemv (few rows, decode): one CTA per (NT x 8 activation rows, column group) for all of
+//   K; warp w sums chunks w, w + warps, ... and leaves each chunk's sum in shared memory, which the CTA
+//   adds in chunk order. Activations are read straight from global memory.
+// - nvfp4_fragment_gemm (many rows): one CTA per (64 activation rows, WARPS column groups); each warp holds
+//   its column group's running chunk and total sums for the 64 rows; a step of 128 elements of K stages
+//   the 64 rows' activations in shared memory, where every warp reads its B operands.
+// Macros: NT, PREFETCH (quads whose weight loads a warp issues together), WARPS, GROUPED (rows sorted by
+// expert, tiles from device-side metadata), GATHER (activation row per output row), OUT_BF16 (bf16
+// output, else float32), MAX_THREADS (the CTA size the registers are planned for).
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef long long i64;
+
+struct __align__(16) Words { u32 w[4]; };
+struct __align__(8) Pair { u32 lo, hi; };
+
+#define CHUNK_QUADS 8  // 32 blocks
+
+__device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
+    u32 d;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+__device__ __forceinline__ u32 prmt(u32 a, u32 selector) {
+    u32 d;
+    asm("prmt.b32 %0, %1, %1, %2;" : "=r"(d) : "r"(a), "r"(selector));
+    return d;
+}
+
+// Two E4M3 bytes (the low 16 bits of v) to a float16 pair: low byte to the low half. Exact.
+__device__ __forceinline__ u32 e4m3x2_to_f16x2(u32 v) {
+    u32 d;
+    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}" : "=r"(d) : "r"(v));
+    return d;
+}
+
+__device__ __forceinline__ void mma_zero(float d[4], const u32 a[4], u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%10, %10, %10, %10};"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+__device__ __forceinline__ float add_rn(float a, float b) {
+    float d;
+    asm("add.rn.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+    return d;
+}
+
+__device__ __forceinline__ float mul_rn(float a, float b) {
+    float d;
+    asm("mul.rn.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+    return d;
+}
+
+// Block j of a quad: the word's four operand registers as float16 pairs e2m1_value * 2^-14
+// (fragments.py REGISTER_BITS), times the block scales of the lane's two weight rows. Exact.
+__device__ __forceinline__ void decode(const Words& words, const Pair& scales, int j, u32 a[4]) {
+    const u32 keep = 0x8E008E00u;
+    const u32 w = words.w[j];
+    const u32 both = j < 2 ? scales.lo : scales.hi;
+    const u32 s = e4m3x2_to_f16x2((j & 1) ? both >> 16 : both);
+    const u32 s_low = prmt(s, 0x1010u), s_high = prmt(s, 0x3232u);
+    a[0] = hmul2(w & keep, s_low);
+    a[1] = hmul2((w << 3) & keep, s_high);
+    a[2] = hmul2(((w & 0x20072007u) * 516u) & keep, s_low);
+    a[3] = hmul2(((w & 0x40384038u) * 66u) & keep, s_high);
+}
+
+#if OUT_BF16
+typedef u16 out_t;
+__device__ __forceinline__ out_t to_out(float v) {
+    u16 d;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(d) : "f"(v));
+    return d;
+}
+#else
+typedef float out_t;
+__device__ __forceinline__ out_t to_out(float v) { return v; }
+#endif
+
+// The CTA's activation rows [row_start, row_end) and expert.
+__device__ __forceinline__ void tile_rows(int rows, int rows_total, const int* tile_expert, const int* tile_start,
+                                          const int* tile_end, const int* num_tiles, int& expert, int& row_start,
+                                          int& row_end, bool& live) {
+#if GROUPED
+    live = (int)blockIdx.x < num_tiles[0];
+    expert = live ? tile_expert[blockIdx.x] : 0;
+    row_start = live ? tile_start[blockIdx.x] : 0;
+    row_end = live ? tile_end[blockIdx.x] : 0;
+#else
+    live = true;
+    expert = 0;
+    row_start = blockIdx.x * rows;
+    row_end = rows_total;
+#endif
+    if (row_end > row_start + rows) row_end = row_start + rows;
+}
+
+__device__ __forceinline__ i64 source_row(const i64* x_rows, int r) {
+#if GATHER
+    return x_rows[r];
+#else
+    return r;
+#endif
+}
+
+#define ROWS (NT * 8)
+#define COLS 16
+
+extern "C" __global__ void __launch_bounds__(MAX_THREADS) nvfp4_fragment_gemv(
+    const Words* __restrict__ w_words,  // [E, G, Q, 32]
+    const Pair* __restrict__ w_scales,  // [E, G, Q, 8]
+    const float* __restrict__ w_g,      // [E]
+    const u16* __restrict__ x,          // [T, K] float16 bits, block scale applied, global scale not
+    const float* __restrict__ x_g,      // [T]
+    const i64* __restrict__ x_rows,     // [R] when GATHER
+    out_t* __restrict__ out,            // [R, N]
+    const int* __restrict__ tile_expert, const int* __restrict__ tile_start, const int* __restrict__ tile_end,
+    const int* __restrict__ num_tiles, int rows_total, int n, int k, int groups, int quads) {
+    extern __shared__ float partial[];  // [chunks][ROWS][COLS]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int grp = lane >> 2, c = lane & 3;
+    int expert, row_start, row_end;
+    bool live;
+    tile_rows(ROWS, rows_total, tile_expert, tile_start, tile_end, num_tiles, expert, row_start, row_end, live);
+    if (!live) return;
+    const int g = blockIdx.y;
+    const int blocks = k / 16;
+    const int chunks = (quads + CHUNK_QUADS - 1) / CHUNK_QUADS;
+
+    const u16* xrow[NT];
+    bool xok[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+        const int r = row_start + t * 8 + grp;
+        xok[t] = r < row_end;
+        xrow[t] = x + (xok[t] ? source_row(x_rows, r) : 0) * k + 4 * c;
+    }
+    const i64 gi = ((i64)expert * groups + g) * quads;
+    const Words* wbase = w_words + gi * 32 + lane;
+    const Pair* sbase = w_scales + gi * 8 + grp;
+
+    for (int chunk = warp; chunk < chunks; chunk += warps) {
+        float acc[NT][4];
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[t][i] = 0.0f;
+        // Weight loads for PREFETCH quads go out together, predicated rather than branched around; quads
+        // past K read as zeros, whose products add +0 to a sum that is never -0.
+        for (int qb = chunk * CHUNK_QUADS; qb < (chunk + 1) * CHUNK_QUADS; qb += PREFETCH) {
+            Words wq[PREFETCH];
+            Pair sq[PREFETCH];
+#pragma unroll
+            for (int qi = 0; qi < PREFETCH; ++qi) {
+                wq[qi] = Words{{0u, 0u, 0u, 0u}};
+                sq[qi] = Pair{0u, 0u};
+                if (qb + qi < quads) {
+                    wq[qi] = wbase[(i64)(qb + qi) * 32];
+                    sq[qi] = sbase[(i64)(qb + qi) * 8];
+                }
+            }
+#pragma unroll
+            for (int qi = 0; qi < PREFETCH; ++qi) {
+                // activations are small and cached: read them per quad, not prefetched with the weights
+                Pair xq[NT][4];
+#pragma unroll
+                for (int t = 0; t < NT; ++t)
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        const int b = 4 * (qb + qi) + j;
+                        xq[t][j] = Pair{0u, 0u};
+                        if (xok[t] && b < blocks) xq[t][j] = *(const Pair*)(xrow[t] + (i64)b * 16);
+                    }
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    u32 a[4];
+                    decode(wq[qi], sq[qi], j, a);
+#pragma unroll
+                    for (int t = 0; t < NT; ++t) {
+                        float d[4];
+                        mma_zero(d, a, xq[t][j].lo, xq[t][j].hi);
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) acc[t][i] = add_rn(acc[t][i], d[i]);
+                    }
+                }
+            }
+        }
+        // D fragment: (weight row grp or grp + 8, activation rows 2c, 2c + 1)
+        float* mine = partial + (i64)chunk * ROWS * COLS;
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            const int r0 = t * 8 + 2 * c;
+            mine[r0 * COLS + grp] = acc[t][0];
+            mine[(r0 + 1) * COLS + grp] = acc[t][1];
+            mine[r0 * COLS + grp + 8] = acc[t][2];
+            mine[(r0 + 1) * COLS + grp + 8] = acc[t][3];
+        }
+    }
+    __syncthreads();
+
+    const float gw = w_g[expert];
+    for (int idx = threadIdx.x; idx < COLS * ROWS; idx += blockDim.x) {
+        const int row = idx / COLS, col = idx % COLS;
+        const int nn = g * 16 + col, r = row_start + row;
+        if (nn >= n || r >= row_end) continue;
+        float total = 0.0f;
+        for (int ch = 0; ch < chunks; ++ch) total = add_rn(total, partial[((i64)ch * ROWS + row) * COLS + col]);
+        const float gx = x_g[source_row(x_rows, r)];
+        out[(i64)r * n + nn] = to_out(mul_rn(mul_rn(mul_rn(total, 16384.0f), gx), gw));
+    }
+}
+
+#define TILE_ROWS 64                  // activation rows per CTA: 8 n8 tiles per warp
+#define STEP 128                      // elements of K staged per step: two quads
+#define X_STRIDE (STEP * 2 + 16)      // bytes per staged row; the pad spreads rows over the banks
+
+extern "C" __global__ void __launch_bounds__(MAX_THREADS) nvfp4_fragment_gemm(
+    const Words* __restrict__ w_words, const Pair* __restrict__ w_scales, const float* __restrict__ w_g,
+    const u16* __restrict__ x, const float* __restrict__ x_g, const i64* __restrict__ x_rows,
+    out_t* __restrict__ out, const int* __restrict__ tile_expert, const int* __restrict__ tile_start,
+    const int* __restrict__ tile_end, const int* __restrict__ num_tiles, int rows_total, int n, int k, int groups,
+    int quads) {
+    __shared__ __align__(16) unsigned char staged[TILE_ROWS * X_STRIDE];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int grp = lane >> 2, c = lane & 3;
+    int expert, row_start, row_end;
+    bool live;
+    tile_rows(TILE_ROWS, rows_total, tile_expert, tile_start, tile_end, num_tiles, expert, row_start, row_end, live);
+    if (!live) return;  // the whole CTA: no barrier is left waiting
+    const int g = blockIdx.y * WARPS + warp;
+    const bool gok = g < groups;
+    const i64 gi = ((i64)expert * groups + (gok ? g : 0)) * quads;
+    const Words* wbase = w_words + gi * 32 + lane;
+    const Pair* sbase = w_scales + gi * 8 + grp;
+
+    // This thread's share of staging: 16-byte pieces of the 64 rows x 256 bytes of a step.
+    constexpr int PIECES = TILE_ROWS * (STEP * 2 / 16);
+    float acc[8][4], total[8][4];
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[t][i] = total[t][i] = 0.0f;
+
+    const int steps = (quads + 1) / 2;
+    for (int step = 0; step < steps; ++step) {
+        Words wq[2];
+        Pair sq[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int q = 2 * step + h;
+            wq[h] = Words{{0u, 0u, 0u, 0u}};
+            sq[h] = Pair{0u, 0u};
+            if (gok && q < quads) {
+                wq[h] = wbase[(i64)q * 32];
+                sq[h] = sbase[(i64)q * 8];
+            }
+        }
+        __syncthreads();  // every warp is done with the previous step's rows
+        for (int piece = threadIdx.x; piece < PIECES; piece += blockDim.x) {
+            const int row = piece / (STEP * 2 / 16), part = piece % (STEP * 2 / 16);
+            const int r = row_start + row, element = step * STEP + part * 8;
+            Words v = Words{{0u, 0u, 0u, 0u}};
+            if (r < row_end && element < k) v = *(const Words*)(x + source_row(x_rows, r) * k + element);
+            *(Words*)(staged + row * X_STRIDE + part * 16) = v;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int jb = 0; jb < 8; ++jb) {
+            u32 a[4];
+            decode(wq[jb / 4], sq[jb / 4], jb % 4, a);
+#pragma unroll
+            for (int t = 0; t < 8; ++t) {
+                const Pair b = *(const Pair*)(staged + (t * 8 + grp) * X_STRIDE + jb * 32 + c * 8);
+                float d[4];
+                mma_zero(d, a, b.lo, b.hi);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[t][i] = add_rn(acc[t][i], d[i]);
+            }
+        }
+        const bool chunk_done = (2 * step + 2) % CHUNK_QUADS == 0 || step == steps - 1;
+        if (chunk_done) {
+#pragma unroll
+            for (int t = 0; t < 8; ++t)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    total[t][i] = add_rn(total[t][i], acc[t][i]);
+                    acc[t][i] = 0.0f;
+                }
+        }
+    }
+    if (!gok) return;
+    const float gw = w_g[expert];
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int r = row_start + t * 8 + 2 * c + (i & 1);
+            const int nn = g * 16 + grp + 8 * (i >> 1);
+            if (r < row_end && nn < n) {
+                const float gx = x_g[source_row(x_rows, r)];
+                out[(i64)r * n + nn] = to_out(mul_rn(mul_rn(mul_rn(total[t][i], 16384.0f), gx), gw));
+            }
+        }
+}

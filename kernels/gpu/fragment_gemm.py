@@ -1,0 +1,133 @@
+"""The NVFP4 GEMMs on CUDA: two kernels (``fragment_gemm.cu``) over weights in the fragment layout
+(:mod:`nibble.kernels.fragments`), compiled at first use with NVRTC through PyTorch.
+
+Both compute the block-ordered sum of docs/design.md §2.6, so they give a row the same bits as each other,
+as the Triton kernel and as the CPU reference, whatever the row count. ``gemv`` serves few rows per weight
+(a sampler's decode step): each thread loads 16 bytes holding its part of four blocks and decodes them with
+one to three integer operations per pair of codes, straight into tensor-core registers, and K is split over
+the warps of a CTA. ``gemm`` serves many rows (prefill, the trainer): 64 activation rows at a time are
+staged in shared memory and shared by eight warps, each decoding one 16-row group of the weight.
+
+Needs a GPU with compute capability ≥ 8.9 (the E4M3 conversion instruction: Ada, Hopper, Blackwell) and
+PyTorch's NVRTC binding (``torch.cuda._compile_kernel``); where either is missing :func:`available` is
+False and the Triton kernel serves every shape.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import pathlib
+
+import torch
+
+from ..fragments import NVFP4Fragments
+
+SOURCE = pathlib.Path(__file__).with_name("fragment_gemm.cu")
+CHUNK_QUADS = 8  # docs/design.md §2.6's chunk of 32 blocks, in quads of 4
+# gemv: (activation rows per CTA, quads whose loads a warp issues together, warps per CTA at most). Launch
+# parameters only (every choice gives the same bits), from benchmarks/gemm_backends_gpu.py --sweep.
+GEMV_TILES = ((8, 4, 8), (16, 2, 8), (32, 2, 4))
+GEMM_ROWS = 64  # activation rows per CTA of gemm (TILE_ROWS in the source)
+GEMM_WARPS = 8  # column groups (warps) per CTA of gemm
+
+_log = logging.getLogger(__name__)
+
+
+@functools.cache
+def available(device_index: int) -> bool:
+    """Whether the kernels can run on CUDA device ``device_index`` (compiling them once to find out)."""
+    if torch.cuda.get_device_capability(device_index) < (8, 9) or not hasattr(torch.cuda, "_compile_kernel"):
+        return False
+    try:
+        _module(GEMV_TILES[0], False, False, True, device_index)
+    except Exception as error:  # NVRTC missing, headers, driver: the Triton kernel still serves
+        _log.warning("NVFP4 fragment GEMMs unavailable on cuda:%d (%s); using the Triton kernel", device_index, error)
+        return False
+    return True
+
+
+def gemv_tile(rows: float) -> tuple[int, int, int]:
+    """The :data:`GEMV_TILES` entry for ``rows`` activation rows per weight matrix."""
+    return next((tile for tile in GEMV_TILES if rows <= tile[0]), GEMV_TILES[-1])
+
+
+@functools.cache
+def _module(tile: tuple[int, int, int], grouped: bool, gather: bool, bf16: bool, device_index: int):
+    """``(gemv, gemm)`` compiled for one gemv tile and one operand form."""
+    rows, prefetch, warps = tile
+    defines = {
+        "NT": rows // 8,
+        "PREFETCH": prefetch,
+        "WARPS": GEMM_WARPS,
+        "GROUPED": int(grouped),
+        "GATHER": int(gather),
+        "OUT_BF16": int(bf16),
+        "MAX_THREADS": 32 * max(warps, GEMM_WARPS),
+    }
+    source = "".join(f"#define {name} {value}\n" for name, value in defines.items()) + SOURCE.read_text()
+    with torch.cuda.device(device_index):
+        gemv = torch.cuda._compile_kernel(source, "nvfp4_fragment_gemv", nvcc_options=["--fmad=false"])
+        gemm = torch.cuda._compile_kernel(source, "nvfp4_fragment_gemm", nvcc_options=["--fmad=false"])
+    return gemv, gemm
+
+
+def _common_args(x, x_g, fragments, w_g, out, x_rows, tiles) -> list:
+    unused = x_g
+    tile_args = tiles if tiles is not None else (unused,) * 4
+    groups, quads = fragments.words.shape[1:3]
+    return [
+        fragments.words, fragments.scales, w_g, x, x_g, x_rows if x_rows is not None else unused, out,
+        *tile_args, out.shape[0], fragments.n, fragments.k, groups, quads,
+    ]  # fmt: skip
+
+
+def launch(
+    x: torch.Tensor,
+    x_g: torch.Tensor,
+    fragments: NVFP4Fragments,
+    w_g: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    rows_per_matrix: float,
+    gemv: bool,
+    x_rows: torch.Tensor | None = None,
+    tiles: tuple[torch.Tensor, ...] | None = None,
+    grid_rows: int | None = None,
+    tile: tuple[int, int, int] | None = None,
+) -> None:
+    """Run one of the kernels into ``out [R, N]`` (float32 or bfloat16).
+
+    Args:
+        x: float16 ``[T, K]`` activations decoded without their global scale; ``x_g`` float32 ``[T]``.
+        fragments: the weight (``[N, K]`` or an expert stack) in the fragment layout; ``w_g`` float32 ``[E]``.
+        rows_per_matrix: rows per weight matrix (M, or rows per expert), which sets the gemv tile.
+        gemv: the decode kernel (else the many-row one).
+        x_rows: int64 ``[R]`` activation row of each output row (grouped products), or None.
+        tiles: ``(tile_expert, tile_start, tile_end, num_tiles)`` int32 device tensors of a grouped product,
+            built for the kernel's rows per CTA (:func:`rows_per_cta`); ``grid_rows`` its tile count bound.
+        tile: a gemv tile other than the default (benchmarks sweep them).
+    """
+    device_index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    tile = tile or gemv_tile(rows_per_matrix)
+    gemv_kernel, gemm_kernel = _module(
+        tile, tiles is not None, x_rows is not None, out.dtype == torch.bfloat16, device_index
+    )
+    args = _common_args(x, x_g, fragments, w_g, out, x_rows, tiles)
+    groups, quads = fragments.words.shape[1:3]
+    rows = tile[0] if gemv else GEMM_ROWS
+    grid_rows = grid_rows if grid_rows is not None else -(-out.shape[0] // rows)
+    if gemv:
+        chunks = -(-quads // CHUNK_QUADS)
+        warps = min(chunks, tile[2])
+        shared = chunks * rows * 16 * 4
+        if shared >= 48 * 1024 and getattr(gemv_kernel, "_max_shared_mem_bytes", 0) < shared:
+            gemv_kernel.set_shared_memory_config(shared)
+        gemv_kernel(grid=(grid_rows, groups, 1), block=(32 * warps, 1, 1), args=args, shared_mem=shared)
+    else:
+        gemm_kernel(grid=(grid_rows, -(-groups // GEMM_WARPS), 1), block=(32 * GEMM_WARPS, 1, 1), args=args)
+
+
+def rows_per_cta(rows_per_matrix: float, gemv: bool, tile: tuple[int, int, int] | None = None) -> int:
+    """Activation rows one CTA covers: what a grouped product's tiles must be built for."""
+    return (tile or gemv_tile(rows_per_matrix))[0] if gemv else GEMM_ROWS

@@ -1,0 +1,135 @@
+"""The NVFP4 GEMMs against the block-ordered reference (docs/design.md §2.6), bit for bit.
+
+Off the GPU the Triton kernel runs under the interpreter; on the H200 (``gpu``-marked tests) the CUDA
+kernels (``gemv`` for few rows, ``gemm`` for many) and the compiled Triton kernel must all give the
+reference's bits on every row — which is what lets the sampler decode with one kernel and the trainer
+score with another.
+"""
+
+import pytest
+import torch
+
+from nibble.kernels import gemm, nvfp4
+from nibble.kernels.reference import block_gemm
+from nibble.kernels.tensors import NVFP4Tensor
+from tests.helpers import assert_same_bits, gaussian, heavy_tailed
+
+pytest.importorskip("triton", reason="the triton package is not installed")
+from nibble.kernels.gpu import fragment_gemm
+from nibble.kernels.gpu import gemm as gpu_gemm
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+
+
+def _operands(m: int, n: int, k: int, seed: int) -> tuple[NVFP4Tensor, NVFP4Tensor]:
+    x = heavy_tailed((m, k), seed).to(DEVICE)
+    w = heavy_tailed((n, k), seed + 1).to(torch.bfloat16).to(DEVICE)
+    qx = nvfp4.quantize(x, scale="per_token", four_over_six="mse")
+    qw = nvfp4.quantize(w, scale="per_tensor", four_over_six="mse")
+    return qx, qw
+
+
+def _cpu(q: NVFP4Tensor) -> NVFP4Tensor:
+    return NVFP4Tensor(q.codes.cpu(), q.block_scales.cpu(), q.global_scale.cpu(), q.four_over_six, q.shape)
+
+
+def _expert_stack(e: int, n: int, k: int, seed: int) -> NVFP4Tensor:
+    w = heavy_tailed((e, n, k), seed).to(torch.bfloat16).to(DEVICE)
+    flat = nvfp4.quantize(w.reshape(e, -1), scale="per_token", four_over_six="mse")
+    return NVFP4Tensor(
+        flat.codes.reshape(e, n, k // 2), flat.block_scales.reshape(e, n, k // 16), flat.global_scale, True, w.shape
+    )
+
+
+def _routing(tokens: int, top_k: int, used: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(tokens)
+    chosen = torch.stack([torch.randperm(used, generator=gen)[:top_k] for _ in range(tokens)]).reshape(-1)
+    order = torch.argsort(chosen, stable=True)
+    return chosen[order].to(DEVICE), (order // top_k).to(DEVICE)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 48, 96), (5, 40, 528), (17, 33, 1040), (3, 64, 2064)])
+def test_triton_gemm_gives_the_reference_bits(m, n, k):
+    """K across one, two and three chunks of 32 blocks (and a partial last one); N off the column tile."""
+    qx, qw = _operands(m, n, k, seed=m + n)
+    y = gpu_gemm.packed_matmul(qx, qw, torch.float32)
+    assert_same_bits(block_gemm.matmul(_cpu(qx), _cpu(qw)), y, "product")
+    f64 = qx.dequantize(torch.float64).cpu() @ qw.dequantize(torch.float64).cpu().T
+    assert float((y.double().cpu() - f64).norm() / f64.norm()) < 1e-6
+
+
+def test_triton_grouped_gemm_gives_the_reference_bits():
+    e, n, k = 5, 40, 528
+    qw = _expert_stack(e, n, k, 4)
+    qx = nvfp4.quantize(heavy_tailed((6, k), 5).to(DEVICE), scale="per_token", four_over_six="mse")
+    experts, rows = _routing(6, 2, used=4)  # expert 4 unused
+    y = gemm.grouped_matmul(qx, qw, experts, rows, backend="triton")
+    assert_same_bits(block_gemm.grouped_matmul(_cpu(qx), _cpu(qw), experts.cpu(), rows.cpu()), y, "grouped")
+
+
+@pytest.mark.gpu  # Triton's interpreter casts float32 to bf16 by truncation; compiled kernels round to nearest
+def test_bf16_output_is_the_float32_result_rounded_once():
+    qx, qw = _operands(4, 40, 96, seed=2)
+    y32 = gpu_gemm.packed_matmul(qx, qw, torch.float32)
+    assert_same_bits(y32.to(torch.bfloat16).cpu(), gpu_gemm.packed_matmul(qx, qw, torch.bfloat16), "bf16")
+
+
+@pytest.mark.gpu
+def test_the_cuda_kernels_compile_here():
+    fragment_gemm._module(fragment_gemm.GEMV_TILES[0], False, False, True, 0)  # raises NVRTC's log if not
+    assert fragment_gemm.available(0) and gpu_gemm.cuda_kernels(torch.device("cuda"))
+
+
+SHAPES = [(m, n, k) for m in (1, 3, 8, 9, 16, 33, 64, 100, 257) for n, k in ((48, 96), (200, 528), (136, 2112))]
+SHAPES += [(m, 1024, 7168) for m in (1, 9, 33)] + [(m, 40, 1040) for m in (2, 31, 65)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_every_kernel_gives_the_reference_bits_on_cuda(out_dtype, m, n, k):
+    qx, qw = _operands(m, n, k, seed=k + m)
+    prepared = gemm.with_fragments(qw)
+    ref = block_gemm.matmul(_cpu(qx), _cpu(qw), out_dtype)
+    assert_same_bits(ref, gpu_gemm.fragment_matmul(qx, prepared, out_dtype, gemv=True), "gemv")
+    assert_same_bits(ref, gpu_gemm.fragment_matmul(qx, prepared, out_dtype, gemv=False), "gemm")
+    assert_same_bits(ref, gpu_gemm.fragment_matmul(qx, qw, out_dtype), "fragments made on the way")
+    assert_same_bits(ref, gpu_gemm.packed_matmul(qx, qw, out_dtype), "triton")
+    assert_same_bits(ref, gemm.matmul(qx, prepared, out_dtype=out_dtype), "dispatch")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gemv", [True, False])
+def test_grouped_kernels_give_the_reference_bits_on_cuda(gemv):
+    e, n, k, tokens, top_k = 16, 96, 2048, 40, 4
+    qw = _expert_stack(e, n, k, 7)
+    prepared = gemm.with_fragments(qw)
+    qx = nvfp4.quantize(heavy_tailed((tokens, k), 8).to(DEVICE), scale="per_token", four_over_six="mse")
+    experts, rows = _routing(tokens, top_k, used=12)  # experts 12-15 unused
+    for out_dtype in (torch.float32, torch.bfloat16):
+        ref = block_gemm.grouped_matmul(_cpu(qx), _cpu(qw), experts.cpu(), rows.cpu(), out_dtype)
+        y = gpu_gemm.fragment_grouped_matmul(qx, prepared, experts, rows, out_dtype, gemv=gemv)
+        assert_same_bits(ref, y, "fragment grouped")
+        assert_same_bits(ref, gpu_gemm.packed_grouped_matmul(qx, qw, experts, rows, out_dtype), "triton grouped")
+    # one row per expert, no gather (the down projection's form)
+    few = torch.arange(0, 12, 3, device=DEVICE)
+    qh = nvfp4.quantize(gaussian((4, k), 9).to(DEVICE), scale="per_token", four_over_six="mse")
+    ref2 = block_gemm.grouped_matmul(_cpu(qh), _cpu(qw), few.cpu(), None, torch.float32)
+    y2 = gpu_gemm.fragment_grouped_matmul(qh, prepared, few, None, torch.float32, gemv=gemv)
+    assert_same_bits(ref2, y2, "fragment grouped, no gather")
+
+
+@pytest.mark.gpu
+def test_fragment_kernels_run_inside_a_cuda_graph():
+    qx, qw = _operands(4, 256, 1024, seed=11)
+    prepared = gemm.with_fragments(qw)
+    out = gpu_gemm.fragment_matmul(qx, prepared, torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph):
+        captured = gpu_gemm.fragment_matmul(qx, prepared, torch.bfloat16)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_same_bits(out.cpu(), captured, "graph replay")
