@@ -48,12 +48,13 @@ def build(fmt: str, layers: int, bf16_last_fraction: float) -> MoETransformer:
 
 
 def expert_bytes(model: MoETransformer) -> int:
-    """Bytes of the routed experts' weights as the sampler keeps them (codes and scales, or bf16)."""
+    """Bytes of the routed experts' weights as the sampler keeps them (codes and scales plus their fragment
+    layout, or bf16)."""
     total = 0
     for module in model.modules():
         if isinstance(module, PlannedExperts):
             if module.packed is not None:
-                total += sum(q.nbytes for q in module.packed)
+                total += sum(q.nbytes + (q.fragments.nbytes if q.fragments is not None else 0) for q in module.packed)
             else:
                 total += sum(w.numel() * w.element_size() for w in (module.gate_up_proj, module.down_proj))
     return total
@@ -93,7 +94,7 @@ def bench(fmt: str, args: argparse.Namespace) -> dict:
     max_len = args.prompt + args.steps
     out = {
         "plan": model.plan.model_dump(),
-        "expert_path": "grouped Triton NVFP4 GEMM" if fmt == "nvfp4" else "torch._grouped_mm",
+        "expert_path": describe()["nvfp4_gemm"] if fmt == "nvfp4" else "torch._grouped_mm",
         "resident_expert_bytes": expert_bytes(model),
         "resident_bytes": torch.cuda.memory_allocated(),
         "graph": throughput(GraphDecoder(model, args.batch, max_len), prompt, args.steps, args.repeats),

@@ -63,6 +63,11 @@ class NVFP4Fragments:
     n: int
     k: int
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the words and scales (the codes' and block scales' size, plus padding)."""
+        return self.words.numel() * 4 + self.scales.numel()
+
 
 def element_order() -> tuple[torch.Tensor, torch.Tensor]:
     """For each of the 32 lanes × 4 operand registers × 2 halves: the (row within the column group, element
