@@ -33,7 +33,8 @@ def describe() -> dict:
 
 def nvfp4_gemm() -> str:
     """Which NVFP4 GEMMs this CUDA machine runs: timings (and, before 2026-12-02, product bits) depend on it.
-    Records without the field predate the block-ordered kernels (the tensor-core-ordered Triton GEMM)."""
+    Records without the field ran the tensor-core-ordered Triton GEMM, except the first block-ordered ones,
+    written on 2026-12-02 before the field existed (the README's "GPU kernels" section lists them)."""
     from nibble.kernels.gpu import gemm  # imports triton
 
     kernels = "CUDA fragment kernels" if gemm.cuda_kernels(torch.device("cuda")) else "Triton kernel"

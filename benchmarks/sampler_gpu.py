@@ -4,8 +4,9 @@ Both models are the sampler form (``MoETransformer.pack()``) of the same seeded 
 in bf16. Each decodes ``--steps`` tokens per row after a ``--prompt``-token prefill with a
 :class:`~nibble.model.graph_decode.GraphDecoder`: every step replays one CUDA graph over a static KV cache
 of ``prompt + steps`` positions. Experts run grouped on both sides without host synchronisation (NVFP4:
-the Triton grouped GEMM; BF16: ``torch._grouped_mm``). Also measured, for reference: the same static step
-launched eagerly, and the dynamic step of ``generate()`` (growing cache, input checks that sync the host).
+the block-ordered GEMMs, on CUDA the fragment kernels; BF16: ``torch._grouped_mm``). Also measured, for
+reference: the same static step launched eagerly, and the dynamic step of ``generate()`` (growing cache,
+input checks that sync the host).
 
 Decode tokens/s = batch x steps / seconds, timed with CUDA events around the whole decode loop (greedy:
 the next token is the argmax, computed on the device; sampling and detokenisation are not included).
@@ -54,7 +55,8 @@ def expert_bytes(model: MoETransformer) -> int:
     for module in model.modules():
         if isinstance(module, PlannedExperts):
             if module.packed is not None:
-                total += sum(q.nbytes + (q.fragments.nbytes if q.fragments is not None else 0) for q in module.packed)
+                fragments = sum(q.fragments.nbytes for q in module.packed if q.fragments is not None)
+                total += sum(q.nbytes for q in module.packed) + fragments
             else:
                 total += sum(w.numel() * w.element_size() for w in (module.gate_up_proj, module.down_proj))
     return total

@@ -1,7 +1,10 @@
-"""Which implementation runs a format operation: the Triton kernels on CUDA, the torch reference elsewhere.
+"""Which implementation runs a format operation: the GPU kernels on CUDA (``"triton"``: Triton kernels, and
+for NVFP4 products the CUDA fragment GEMMs where they compile), the torch reference elsewhere.
 
-Every backend returns identical bits for identical inputs (docs/design.md §2), so the choice is about speed
-only. ``TRITON_INTERPRET=1`` lets the Triton kernels run on CPU tensors (slowly) for testing.
+Quantisation returns identical bits on every backend (docs/design.md §2), so there the choice is about speed
+only; NVFP4 products are block-ordered on GPUs (§2.6) and accumulated in float64 by the reference, each
+batch-shape independent. ``TRITON_INTERPRET=1`` lets the Triton kernels run on CPU tensors (slowly) for
+testing.
 """
 
 from __future__ import annotations

@@ -69,6 +69,24 @@ class NVFP4Fragments:
         return self.words.numel() * 4 + self.scales.numel()
 
 
+def mismatch(fragments: object, codes: torch.Tensor, block_scales: torch.Tensor) -> str | None:
+    """Why ``fragments`` is not the layout of ``codes [..., N, K/2]`` and ``block_scales`` (another type,
+    device, dtype or shape), or None when it is. Shapes only: whether the contents are current is the
+    business of whoever overwrote the codes (:func:`nibble.kernels.gemm.refresh_fragments`)."""
+    if not isinstance(fragments, NVFP4Fragments):
+        return f"fragments must be NVFP4Fragments, got {type(fragments).__name__}"
+    e = codes.shape[0] if codes.dim() == 3 else 1
+    n, k = codes.shape[-2], 2 * codes.shape[-1]
+    groups, quads = -(-n // COLUMN_GROUP), -(-k // QUAD)
+    expected = ((e, groups, quads, 32, 4), torch.int32), ((e, groups, quads, 8, 8), torch.uint8)
+    got = (tuple(fragments.words.shape), fragments.words.dtype), (tuple(fragments.scales.shape), fragments.scales.dtype)
+    if (fragments.n, fragments.k) != (n, k) or got != expected or block_scales.shape[-1] * NVFP4_BLOCK != k:
+        return f"fragments of a [{fragments.n}, {fragments.k}] weight {got} do not fit codes {tuple(codes.shape)}"
+    if fragments.words.device != codes.device or fragments.scales.device != codes.device:
+        return f"fragments on {fragments.words.device}, codes on {codes.device}"
+    return None
+
+
 def element_order() -> tuple[torch.Tensor, torch.Tensor]:
     """For each of the 32 lanes × 4 operand registers × 2 halves: the (row within the column group, element
     within the block) whose code it holds. int64 ``[32, 4, 2]`` each."""
@@ -95,9 +113,11 @@ def to_fragments(codes: torch.Tensor, block_scales: torch.Tensor) -> NVFP4Fragme
     Raises:
         ValueError: codes that are not uint8 ``[E, N, K/2]`` or ``[N, K/2]``, or scales of another shape.
     """
-    if codes.dtype != torch.uint8 or codes.dim() not in (2, 3):
+    if codes.dtype != torch.uint8 or codes.dim() not in (2, 3) or codes.shape[-1] % 8 or 0 in codes.shape:
         got = f"{codes.dtype} {tuple(codes.shape)}"
-        raise ValueError(f"fragments: codes must be uint8 [N, K/2] or [E, N, K/2], got {got}")
+        raise ValueError(
+            f"fragments: codes must be uint8 [N, K/2] or [E, N, K/2] with K % 16 == 0, not empty; got {got}"
+        )
     stack = codes if codes.dim() == 3 else codes.unsqueeze(0)
     scales = block_scales.view(torch.uint8)
     scales = scales if scales.dim() == 3 else scales.unsqueeze(0)

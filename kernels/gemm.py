@@ -33,8 +33,10 @@ def with_fragments(qw: NVFP4Tensor) -> NVFP4Tensor:
     Raises:
         ValueError: ``qw`` is not an NVFP4 weight ``[N, K]`` / ``[E, N, K]``.
     """
-    if not isinstance(qw, NVFP4Tensor) or len(qw.shape) not in (2, 3):
+    if not isinstance(qw, NVFP4Tensor):
         raise ValueError(f"with_fragments: needs an NVFP4 weight [N, K] or [E, N, K], got {type(qw).__name__}")
+    if len(qw.shape) not in (2, 3):
+        raise ValueError(f"with_fragments: needs an NVFP4 weight [N, K] or [E, N, K], got shape {tuple(qw.shape)}")
     return dataclasses.replace(qw, fragments=to_fragments(qw.codes, qw.block_scales))
 
 
@@ -44,6 +46,11 @@ def refresh_fragments(qw: NVFP4Tensor) -> None:
     if qw.fragments is None:
         return
     fresh = to_fragments(qw.codes, qw.block_scales)
+    if fresh.words.shape != qw.fragments.words.shape or fresh.scales.shape != qw.fragments.scales.shape:
+        raise ValueError(
+            f"refresh_fragments: codes {tuple(qw.codes.shape)} no longer fit the fragment layout "
+            f"{tuple(qw.fragments.words.shape)}; build a new one with with_fragments"
+        )
     qw.fragments.words.copy_(fresh.words)
     qw.fragments.scales.copy_(fresh.scales)
 
@@ -105,6 +112,13 @@ def grouped_matmul(
         raise ValueError(f"grouped_matmul: experts must be int64 [R], got {experts.dtype} {tuple(experts.shape)}")
     if x_rows is None and experts.shape[0] != qx.shape[0]:
         raise ValueError(f"grouped_matmul: {experts.shape[0]} expert rows for {qx.shape[0]} activations; pass x_rows")
+    if x_rows is not None and (x_rows.dtype != torch.int64 or tuple(x_rows.shape) != tuple(experts.shape)):
+        raise ValueError(
+            f"grouped_matmul: x_rows must be int64 [R] like experts [{experts.shape[0]}], "
+            f"got {x_rows.dtype} {tuple(x_rows.shape)}"
+        )
+    if validate and x_rows is not None and x_rows.numel() and _out_of_range(x_rows, qx.shape[0]):
+        raise ValueError(f"grouped_matmul: x_rows must index the {qx.shape[0]} activation rows")
     if validate and experts.numel() and _unsorted_or_out_of_range(experts, qw.shape[0]):
         raise ValueError(f"grouped_matmul: experts must be sorted ascending and in [0, {qw.shape[0]})")
     if _backend.resolve(qx.device, backend) == "reference":
@@ -130,4 +144,8 @@ def _check_pair(qx: NVFP4Tensor, qw: NVFP4Tensor, *, expected_weight_dims: int) 
 
 
 def _unsorted_or_out_of_range(experts: torch.Tensor, num_experts: int) -> bool:
-    return bool((experts[1:] < experts[:-1]).any()) or int(experts.min()) < 0 or int(experts.max()) >= num_experts
+    return bool((experts[1:] < experts[:-1]).any()) or _out_of_range(experts, num_experts)
+
+
+def _out_of_range(index: torch.Tensor, size: int) -> bool:
+    return int(index.min()) < 0 or int(index.max()) >= size

@@ -30,6 +30,7 @@ CHUNK_QUADS = 8  # docs/design.md §2.6's chunk of 32 blocks, in quads of 4
 GEMV_TILES = ((8, 4, 8), (16, 2, 8), (32, 2, 4))
 GEMM_ROWS = 64  # activation rows per CTA of gemm (TILE_ROWS in the source)
 GEMM_WARPS = 8  # column groups (warps) per CTA of gemm
+SHARED_BYTES = 48 * 1024  # what a CTA gets without opting in to more
 
 _log = logging.getLogger(__name__)
 
@@ -50,6 +51,17 @@ def available(device_index: int) -> bool:
 def gemv_tile(rows: float) -> tuple[int, int, int]:
     """The :data:`GEMV_TILES` entry for ``rows`` activation rows per weight matrix."""
     return next((tile for tile in GEMV_TILES if rows <= tile[0]), GEMV_TILES[-1])
+
+
+def _gemv_shared_bytes(rows: int, k: int) -> int:
+    """Shared memory of one gemv CTA: a float32 sum per chunk of K for its rows × 16 weight rows."""
+    return -(-k // (CHUNK_QUADS * 64)) * rows * 16 * 4
+
+
+def gemv_fits(rows_per_matrix: float, k: int) -> bool:
+    """Whether gemv's chunk sums fit the 48 KB of shared memory a CTA gets without opting in (K up to
+    48 K at 8 rows, 12 K at 32; gemm serves longer K)."""
+    return _gemv_shared_bytes(gemv_tile(rows_per_matrix)[0], k) <= SHARED_BYTES
 
 
 @functools.cache
@@ -96,7 +108,7 @@ def launch(
     grid_rows: int | None = None,
     tile: tuple[int, int, int] | None = None,
 ) -> None:
-    """Run one of the kernels into ``out [R, N]`` (float32 or bfloat16).
+    """Run one of the kernels into ``out [R, N]`` (float32 or bfloat16), on ``x``'s device and current stream.
 
     Args:
         x: float16 ``[T, K]`` activations decoded without their global scale; ``x_g`` float32 ``[T]``.
@@ -107,9 +119,13 @@ def launch(
         tiles: ``(tile_expert, tile_start, tile_end, num_tiles)`` int32 device tensors of a grouped product,
             built for the kernel's rows per CTA (:func:`rows_per_cta`); ``grid_rows`` its tile count bound.
         tile: a gemv tile other than the default (benchmarks sweep them).
+    Raises:
+        ValueError: ``gemv`` for a K whose chunk sums do not fit its shared memory (:func:`gemv_fits`).
     """
     device_index = x.device.index if x.device.index is not None else torch.cuda.current_device()
     tile = tile or gemv_tile(rows_per_matrix)
+    if gemv and _gemv_shared_bytes(tile[0], fragments.k) > SHARED_BYTES:
+        raise ValueError(f"fragment gemv: K = {fragments.k} needs more shared memory than a CTA has; use gemm")
     gemv_kernel, gemm_kernel = _module(
         tile, tiles is not None, x_rows is not None, out.dtype == torch.bfloat16, device_index
     )
@@ -117,15 +133,14 @@ def launch(
     groups, quads = fragments.words.shape[1:3]
     rows = tile[0] if gemv else GEMM_ROWS
     grid_rows = grid_rows if grid_rows is not None else -(-out.shape[0] // rows)
-    if gemv:
-        chunks = -(-quads // CHUNK_QUADS)
-        warps = min(chunks, tile[2])
-        shared = chunks * rows * 16 * 4
-        if shared >= 48 * 1024 and getattr(gemv_kernel, "_max_shared_mem_bytes", 0) < shared:
-            gemv_kernel.set_shared_memory_config(shared)
-        gemv_kernel(grid=(grid_rows, groups, 1), block=(32 * warps, 1, 1), args=args, shared_mem=shared)
-    else:
-        gemm_kernel(grid=(grid_rows, -(-groups // GEMM_WARPS), 1), block=(32 * GEMM_WARPS, 1, 1), args=args)
+    with torch.cuda.device(x.device):  # the launch goes to the current stream of the current device
+        if gemv:
+            warps = min(-(-quads // CHUNK_QUADS), tile[2])
+            shared = _gemv_shared_bytes(rows, fragments.k)
+            gemv_kernel(grid=(grid_rows, groups, 1), block=(32 * warps, 1, 1), args=args, shared_mem=shared)
+        else:
+            grid = (grid_rows, -(-groups // GEMM_WARPS), 1)
+            gemm_kernel(grid=grid, block=(32 * GEMM_WARPS, 1, 1), args=args)
 
 
 def rows_per_cta(rows_per_matrix: float, gemv: bool, tile: tuple[int, int, int] | None = None) -> int:

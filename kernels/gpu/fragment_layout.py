@@ -11,6 +11,8 @@ the H200.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -78,5 +80,8 @@ def fragment_words(codes: torch.Tensor) -> torch.Tensor:
     words = torch.empty(e, groups, quads, 32, 4, dtype=torch.int32, device=codes.device)
     total = words.numel()
     grid = (triton.cdiv(total, _WORDS_PER_PROGRAM),)
-    _fragment_words_kernel[grid](codes.contiguous(), words, total, n, half_k, groups, quads, BLOCK=_WORDS_PER_PROGRAM)
+    with torch.cuda.device(codes.device) if codes.is_cuda else contextlib.nullcontext():
+        _fragment_words_kernel[grid](
+            codes.contiguous(), words, total, n, half_k, groups, quads, BLOCK=_WORDS_PER_PROGRAM
+        )
     return words

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..fragments import NVFP4Fragments, to_fragments
+from ..fragments import NVFP4Fragments, mismatch, to_fragments
 from ..tensors import NVFP4_BLOCK, NVFP4Tensor
 from . import fragment_gemm, grouped
 from .nvfp4 import dequantize
@@ -76,7 +76,17 @@ def _unscaled(t: NVFP4Tensor) -> NVFP4Tensor:
 
 
 def _fragments(qw: NVFP4Tensor) -> NVFP4Fragments:
-    return qw.fragments if qw.fragments is not None else to_fragments(qw.codes, qw.block_scales)
+    """``qw``'s fragment layout, made on the way in when it carries none.
+
+    Raises:
+        ValueError: the fragments it carries are not the layout of its codes (another shape or device).
+    """
+    if qw.fragments is None:
+        return to_fragments(qw.codes, qw.block_scales)
+    why = mismatch(qw.fragments, qw.codes, qw.block_scales)
+    if why is not None:
+        raise ValueError(f"NVFP4 GEMM: {why}")
+    return qw.fragments
 
 
 def cuda_kernels(device: torch.device) -> bool:
@@ -115,7 +125,8 @@ def fragment_matmul(
     if m:
         x, xg = _activations(qx)
         wg = qw.global_scale.reshape(1).to(torch.float32)
-        gemv = m <= CROSSOVER_ROWS["dense"] if gemv is None else gemv
+        if gemv is None:
+            gemv = m <= CROSSOVER_ROWS["dense"] and fragment_gemm.gemv_fits(m, qx.shape[1])
         fragment_gemm.launch(x, xg, _fragments(qw), wg, out, rows_per_matrix=m, gemv=gemv, tile=tile)
     return out.to(out_dtype)
 
@@ -191,7 +202,8 @@ def fragment_grouped_matmul(
         x, xg = _activations(qx)
         wg = qw.global_scale.to(torch.float32).contiguous()
         per_expert = r / num_experts
-        gemv = per_expert <= CROSSOVER_ROWS["grouped"] if gemv is None else gemv
+        if gemv is None:
+            gemv = per_expert <= CROSSOVER_ROWS["grouped"] and fragment_gemm.gemv_fits(per_expert, qx.shape[1])
         rows = fragment_gemm.rows_per_cta(per_expert, gemv)
         tile_expert, tile_start, tile_end, num_tiles, max_tiles = _tiles(experts, num_experts, rows)
         fragment_gemm.launch(

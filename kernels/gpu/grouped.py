@@ -1,9 +1,8 @@
 """Grouped (per-expert) GEMMs through PyTorch's vendor kernel ``torch._grouped_mm``, with no Triton.
 
 Rows arrive sorted by expert; the group offsets are built on the device, so a whole MoE layer runs
-without a device-to-host synchronisation and can be captured in a CUDA graph. Used for bf16 experts,
-for the NVFP4 grouped GEMM's dequantise-then-GEMM fallback, and for the two backward GEMMs of the
-trainer's quantised experts (:mod:`nibble.recipe.grouped`).
+without a device-to-host synchronisation and can be captured in a CUDA graph. Used for bf16 experts and
+for the two backward GEMMs of the trainer's quantised experts (:mod:`nibble.recipe.grouped`).
 """
 
 from __future__ import annotations

@@ -18,8 +18,9 @@ A block's 16 products enter the dot in the order "low nibbles of its 8 bytes, th
 form runs every expert of a layer in one launch: rows are sorted by expert and each program's row tile
 belongs to one expert (tile metadata built on the device, so the launch needs no host synchronisation and
 can be captured in a CUDA graph). One dot per 16 elements keeps this kernel far slower than the CUDA ones
-on large products (benchmarks/results/h200_block_ordered_first_run.json: 227 µs at M = 1 and 1.96 ms at M = 256 on
-8192 × 7168, where the CUDA gemv and gemm take 16 and 213 µs).
+on large products: 227 µs at M = 1 and 1.96 ms at M = 256 on 8192 × 7168
+(benchmarks/results/h200_block_ordered_first_run.json), where the CUDA gemv and gemm take 15.9 and 213 µs
+(benchmarks/results/h200_gemm_backends.json).
 """
 
 from __future__ import annotations

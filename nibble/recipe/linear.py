@@ -1,7 +1,7 @@
 """Quantised matmuls with the three backward modes of docs/design.md §3, as a ``torch.autograd.Function``.
 
-Forward always runs on quantised operands, ``DQ(Q(x)) @ DQ(Q(W)).T``: on CUDA through the packed NVFP4
-GEMM (:mod:`nibble.kernels.gemm`, weights decoded in registers), elsewhere decoded and multiplied in the
+Forward always runs on quantised operands, ``DQ(Q(x)) @ DQ(Q(W)).T``: on CUDA through the block-ordered NVFP4
+GEMMs (:mod:`nibble.kernels.gemm`, weights decoded in registers), elsewhere decoded and multiplied in the
 plan's compute dtype (on Blackwell the same codes feed FP4 tensor cores; the quantisation decisions are
 the same everywhere). Backward:
 
@@ -17,20 +17,28 @@ from __future__ import annotations
 import torch
 
 from nibble.kernels import MXFP8Tensor, NVFP4Tensor, backend, gemm, nvfp4
+from nibble.kernels.fragments import NVFP4Fragments
 from nibble.recipe.compute import linear
 from nibble.recipe.plan import PrecisionPlan
 from nibble.recipe.quant import QuantizedWeight, fake_quantize, quantize_activation
 
 
 def select(q: QuantizedWeight, index: int) -> QuantizedWeight:
-    """Expert ``index`` of a quantised expert stack ``[E, N, K]``, as a ``[N, K]`` quantised weight."""
+    """Expert ``index`` of a quantised expert stack ``[E, N, K]``, as a ``[N, K]`` quantised weight (a
+    sampler's fragment layout included, as a view: nothing is rebuilt per call)."""
     if isinstance(q, MXFP8Tensor):
         return MXFP8Tensor(q.elements[index], q.block_scales[index], q.scale_mode)
-    return NVFP4Tensor(q.codes[index], q.block_scales[index], q.global_scale[index], q.four_over_six, q.shape[1:])
+    fragments = q.fragments
+    if fragments is not None:
+        one = slice(index, index + 1)
+        fragments = NVFP4Fragments(fragments.words[one], fragments.scales[one], fragments.n, fragments.k)
+    return NVFP4Tensor(
+        q.codes[index], q.block_scales[index], q.global_scale[index], q.four_over_six, q.shape[1:], fragments
+    )
 
 
 def uses_kernels(x: torch.Tensor, fmt: str) -> bool:
-    """Whether NVFP4 products on ``x``'s device run the packed GPU GEMM (Triton on CUDA) rather than
+    """Whether NVFP4 products on ``x``'s device run the GPU GEMMs (:mod:`nibble.kernels.gpu.gemm`) rather than
     dequantise-and-multiply in the compute dtype (the CPU path, bit-exact across batch shapes)."""
     return fmt == "nvfp4" and backend.resolve(x.device, None) == "triton"
 

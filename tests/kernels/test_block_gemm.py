@@ -133,3 +133,23 @@ def test_fragment_kernels_run_inside_a_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert_same_bits(out.cpu(), captured, "graph replay")
+
+
+@pytest.mark.gpu
+def test_other_output_dtypes_per_tensor_activations_and_long_k_on_cuda():
+    """Added after the 2026-12-02 H200 run (not yet run on a GPU): float16 output (computed in float32 and
+    rounded once, as the reference), per-tensor activation scales, and a K too long for gemv's shared
+    memory at 32 rows, which the dispatch sends to gemm."""
+    qx, qw = _operands(5, 72, 528, seed=3)
+    prepared = gemm.with_fragments(qw)
+    ref = block_gemm.matmul(_cpu(qx), _cpu(qw), torch.float16)
+    assert_same_bits(ref, gemm.matmul(qx, prepared, out_dtype=torch.float16), "float16")
+    x = heavy_tailed((7, 528), 4).to(DEVICE)
+    per_tensor = nvfp4.quantize(x, scale="per_tensor", four_over_six="mse")
+    assert_same_bits(block_gemm.matmul(_cpu(per_tensor), _cpu(qw)), gemm.matmul(per_tensor, prepared), "per tensor")
+    qx, qw = _operands(20, 48, 16384, seed=5)
+    prepared = gemm.with_fragments(qw)
+    assert not fragment_gemm.gemv_fits(20, 16384)
+    assert_same_bits(block_gemm.matmul(_cpu(qx), _cpu(qw)), gemm.matmul(qx, prepared), "long K through gemm")
+    with pytest.raises(ValueError, match="shared memory"):
+        gpu_gemm.fragment_matmul(qx, prepared, torch.float32, gemv=True)

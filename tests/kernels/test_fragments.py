@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from nibble.kernels import gemm, nvfp4
-from nibble.kernels.fragments import NVFP4Fragments, reference_words, to_fragments
+from nibble.kernels.fragments import NVFP4Fragments, mismatch, reference_words, to_fragments
 from nibble.kernels.reference import block_gemm
 from nibble.kernels.tensors import NVFP4Tensor
 from tests.helpers import assert_same_bits, gaussian, heavy_tailed
@@ -142,3 +142,45 @@ def test_the_layout_built_on_cuda_is_the_reference_layout():
     on_gpu = to_fragments(codes.cuda(), scales.cuda())
     on_cpu = to_fragments(codes, scales)
     assert torch.equal(on_gpu.words.cpu(), on_cpu.words) and torch.equal(on_gpu.scales.cpu(), on_cpu.scales)
+
+
+def test_fragments_that_do_not_fit_their_codes_are_refused_by_name():
+    """The CUDA kernels take N, K and the strides from the fragments: a layout of another weight (a weight
+    sliced, or refreshed from other codes) must be refused, not read."""
+    pytest.importorskip("triton", reason="the triton package is not installed")
+    from nibble.kernels.gpu import gemm as gpu_gemm
+
+    qw = gemm.with_fragments(_quantized_weight(40, 96, seed=7))
+    assert mismatch(qw.fragments, qw.codes, qw.block_scales) is None
+    sliced = NVFP4Tensor(qw.codes[:16], qw.block_scales[:16], qw.global_scale, True, torch.Size((16, 96)), qw.fragments)
+    with pytest.raises(ValueError, match=r"do not fit codes \(16, 48\)"):
+        gpu_gemm._fragments(sliced)
+    wrong_type = NVFP4Tensor(qw.codes, qw.block_scales, qw.global_scale, True, qw.shape, "words")
+    with pytest.raises(ValueError, match="NVFP4Fragments"):
+        gpu_gemm._fragments(wrong_type)
+    with pytest.raises(ValueError, match="no longer fit"):
+        gemm.refresh_fragments(sliced)
+
+
+def test_to_fragments_refuses_empty_weights_and_partial_blocks():
+    with pytest.raises(ValueError, match="not empty"):
+        to_fragments(torch.zeros(0, 8, dtype=torch.uint8), torch.zeros(0, 1, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="K % 16"):
+        to_fragments(torch.zeros(4, 6, dtype=torch.uint8), torch.zeros(4, 1, dtype=torch.uint8))
+
+
+def test_selecting_an_expert_keeps_its_fragments_as_a_view():
+    from nibble.recipe.linear import select
+
+    w = gaussian((3, 24, 96), 3).to(torch.bfloat16)
+    flat = nvfp4.quantize(w.reshape(3, -1), scale="per_token", four_over_six="mse", backend="reference")
+    stack = gemm.with_fragments(
+        NVFP4Tensor(
+            flat.codes.reshape(3, 24, 48), flat.block_scales.reshape(3, 24, 6), flat.global_scale, True, w.shape
+        )
+    )
+    one = select(stack, 1)
+    assert one.fragments.words.data_ptr() == stack.fragments.words[1].data_ptr()
+    assert mismatch(one.fragments, one.codes, one.block_scales) is None
+    fresh = to_fragments(one.codes, one.block_scales)
+    assert torch.equal(one.fragments.words, fresh.words) and torch.equal(one.fragments.scales, fresh.scales)

@@ -197,6 +197,13 @@ def test_gemm_rejects_bad_operands():
         gemm.grouped_matmul(qx, stack, torch.tensor([0, 1, 2, 3], device=DEVICE))
     with pytest.raises(ValueError, match="pass x_rows"):
         gemm.grouped_matmul(qx, stack, torch.tensor([0, 1], device=DEVICE))
+    experts = torch.tensor([0, 1], device=DEVICE)
+    with pytest.raises(ValueError, match="x_rows must be int64"):  # the CUDA kernels read int64 rows
+        gemm.grouped_matmul(qx, stack, experts, torch.tensor([0, 3], dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="x_rows must be int64"):
+        gemm.grouped_matmul(qx, stack, experts, torch.tensor([0], device=DEVICE))
+    with pytest.raises(ValueError, match="index the 4 activation rows"):
+        gemm.grouped_matmul(qx, stack, experts, torch.tensor([0, 4], device=DEVICE))
 
 
 def test_backend_choice():
