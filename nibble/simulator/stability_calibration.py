@@ -161,8 +161,10 @@ def source_label(path: Path, data: dict) -> str:
 
 def run_loads(data: dict) -> dict[tuple[object, object], str]:
     """How busy the machine was for each run, by ``(variant, seed)``: from the part that ran it (``parts``,
-    or the file's one ``machine`` when it has no parts), e.g. ``"3 runs at a time per GPU, CUDA MPS"``.
-    Step times are wall-clock seconds, so runs sharing a GPU are slower by their company, not their plan.
+    or the file's one ``machine`` when it has no parts), e.g. ``"3 runs at a time per GPU, CUDA MPS"``, and
+    which NVFP4 GEMMs it ran where the record names them (``machine.nvfp4_gemm``, from 2026-12-02: the
+    block-ordered kernels decode faster and train slower than the GEMM before them). Step times are
+    wall-clock seconds, so runs sharing a GPU are slower by their company, not their plan.
     A part without the record gives :data:`UNKNOWN_LOAD`; nothing here raises."""
     parts = data.get("parts")
     if not isinstance(parts, list):
@@ -189,7 +191,9 @@ def _load(machine: object) -> str:
     if isinstance(devices, list) and devices and all(isinstance(d, str) for d in devices) and devices[0] != "cpu":
         at_once = max(devices.count(d) for d in devices)
         mps = {True: ", CUDA MPS", False: ", time-sliced"}.get(machine.get("cuda_mps"), "")
-        return f"{at_once} run{'s' if at_once > 1 else ''} at a time per GPU{mps}"
+        gemm = machine.get("nvfp4_gemm")
+        gemm = f", NVFP4 GEMMs {gemm}" if isinstance(gemm, str) else ""
+        return f"{at_once} run{'s' if at_once > 1 else ''} at a time per GPU{mps}{gemm}"
     workers = machine.get("workers")
     return f"{workers} CPU worker processes" if is_real(workers) else UNKNOWN_LOAD
 

@@ -178,6 +178,16 @@ def test_each_number_names_the_load_its_runs_ran_under_and_a_file_of_mixed_loads
     for name in ("rollout.bf16", "rollout.nvfp4", "weight_sync.bf16", "train.bf16"):
         assert "WARNING: its timed runs ran under different loads" in sources[name]
         assert "2 runs at a time per GPU / 3 runs at a time per GPU, CUDA MPS" in sources[name]
+    # a later part ran the block-ordered NVFP4 GEMMs (its record names them), the earlier one the GEMM before
+    block_ordered = "block-ordered (docs/design.md §2.6), CUDA fragment kernels"
+    data["parts"] = [
+        {"machine": {"gpu": "NVIDIA H200", "devices": ["cuda:0", "cuda:0"]}, "runs": pair[:1]},
+        {"machine": {"gpu": "NVIDIA H200", "devices": ["cuda:0", "cuda:0"], "nvfp4_gemm": block_ordered},
+         "runs": pair[1:]},
+    ]  # fmt: skip
+    sources = load([write(tmp_path, data, "gemms.json")]).sources
+    assert sources["rollout.nvfp4"].endswith(f"(2 runs at a time per GPU, NVFP4 GEMMs {block_ordered})")
+    assert "WARNING: its timed runs ran under different loads" in sources["rollout.bf16"]
     # a file without parts takes its one machine record; one without any says so
     del data["parts"]
     data["machine"] = {"cpu": "x", "workers": 2}
