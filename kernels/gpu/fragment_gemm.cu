@@ -19,7 +19,8 @@
 // - nvfp4_fragment_gemm (many rows): one CTA per (64 activation rows, WARPS column groups); each warp holds
 //   its column group's running chunk and total sums for the 64 rows; a step of 128 elements of K stages
 //   the 64 rows' activations in shared memory, where every warp reads its B operands.
-// Macros: NT, PREFETCH (quads whose weight loads a warp issues together), WARPS, GROUPED (rows sorted by
+// Macros: NT, PREFETCH (quads whose weight loads a warp issues together), WARPS, TILE_ROWS (gemm's
+// activation rows per CTA), CHUNK_QUADS (the chunk of docs/design.md §2.6 in quads), GROUPED (rows sorted by
 // expert, tiles from device-side metadata), GATHER (activation row per output row), OUT_BF16 (bf16
 // output, else float32), MAX_THREADS (the CTA size the registers are planned for).
 
@@ -29,8 +30,6 @@ typedef long long i64;
 
 struct __align__(16) Words { u32 w[4]; };
 struct __align__(8) Pair { u32 lo, hi; };
-
-#define CHUNK_QUADS 8  // 32 blocks
 
 __device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
     u32 d;
@@ -230,7 +229,6 @@ extern "C" __global__ void __launch_bounds__(MAX_THREADS) nvfp4_fragment_gemv(
     }
 }
 
-#define TILE_ROWS 64                  // activation rows per CTA: 8 n8 tiles per warp
 #define STEP 128                      // elements of K staged per step: two quads
 #define X_STRIDE (STEP * 2 + 16)      // bytes per staged row; the pad spreads rows over the banks
 

@@ -22,13 +22,14 @@ import pathlib
 import torch
 
 from ..fragments import NVFP4Fragments
+from ..reference import block_gemm
 
 SOURCE = pathlib.Path(__file__).with_name("fragment_gemm.cu")
-CHUNK_QUADS = 8  # docs/design.md §2.6's chunk of 32 blocks, in quads of 4
+CHUNK_QUADS = block_gemm.CHUNK_BLOCKS // 4  # docs/design.md §2.6's chunk, in quads of 4 blocks
 # gemv: (activation rows per CTA, quads whose loads a warp issues together, warps per CTA at most). Launch
 # parameters only (every choice gives the same bits), from benchmarks/gemm_backends_gpu.py --sweep.
 GEMV_TILES = ((8, 4, 8), (16, 2, 8), (32, 2, 4))
-GEMM_ROWS = 64  # activation rows per CTA of gemm (TILE_ROWS in the source)
+GEMM_ROWS = 64  # activation rows per CTA of gemm: 8 n8 tiles per warp
 GEMM_WARPS = 8  # column groups (warps) per CTA of gemm
 SHARED_BYTES = 48 * 1024  # what a CTA gets without opting in to more
 
@@ -72,6 +73,8 @@ def _module(tile: tuple[int, int, int], grouped: bool, gather: bool, bf16: bool,
         "NT": rows // 8,
         "PREFETCH": prefetch,
         "WARPS": GEMM_WARPS,
+        "TILE_ROWS": GEMM_ROWS,
+        "CHUNK_QUADS": CHUNK_QUADS,
         "GROUPED": int(grouped),
         "GATHER": int(gather),
         "OUT_BF16": int(bf16),

@@ -46,20 +46,14 @@ def _launch_triton(
         nvfp4_gemm_kernel[grid](*args, **flags, BLOCK_N=block_n, DOT_DTYPE=tl.float32)
 
 
-def _decoded_activations(qx: NVFP4Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Activations decoded once to ``dtype`` without their global scale (exact in bf16 and float16) and the
-    per-row scales ``[M]``."""
+def _activations(qx: NVFP4Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernels' activation operand ``[M, K]``, decoded once without its global scale (exact in float16; float32
+    in the interpreter), and the per-row global scales ``[M]``."""
     m = qx.shape[0]
     g = qx.global_scale.reshape(-1).to(torch.float32)
     if g.numel() == 1 and m != 1:
         g = g.expand(m).contiguous()
-    return dequantize(_unscaled(qx), dtype), g
-
-
-def _activations(qx: NVFP4Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernels' activation operand ``[M, K]`` (float16 on GPUs, float32 in the interpreter) and the per-row
-    global scales ``[M]``."""
-    return _decoded_activations(qx, torch.float16 if qx.codes.is_cuda else torch.float32)
+    return dequantize(_unscaled(qx), torch.float16 if qx.codes.is_cuda else torch.float32), g
 
 
 def _flat(t: NVFP4Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -28,10 +28,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..reference import block_gemm
 from .nvfp4_quantize import e4m3_decode
 
 # Blocks per chunk of the block-ordered sum (docs/design.md §2.6).
-CHUNK_BLOCKS = tl.constexpr(32)
+CHUNK_BLOCKS = tl.constexpr(block_gemm.CHUNK_BLOCKS)
 
 
 @triton.jit
