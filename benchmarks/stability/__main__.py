@@ -10,7 +10,7 @@ from pathlib import Path
 from statistics import fmean
 
 from benchmarks.stability.results import ROOT, earlier_part, results_document, save
-from benchmarks.stability.run import run_grid
+from benchmarks.stability.run import PUBLISH_QUANTIZE, run_grid
 from benchmarks.stability.setting import Setting, Source, ensure_warm_start, from_config
 from benchmarks.stability.variants import VARIANTS
 from nibble.analysis import stability_events
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, OSError) as exc:
         parser.exit(2, f"error: {exc}\n")
     started = time.time()
-    machine = {**describe(), "workers": args.workers, "devices": list(source.devices)}
+    machine = {**describe(), "workers": args.workers, "devices": list(source.devices), "publish_quantize": PUBLISH_QUANTIZE}
     done = list(earlier)
 
     def record(new_runs: list[dict]) -> None:

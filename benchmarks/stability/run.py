@@ -4,7 +4,8 @@ Each run starts from the same model and runs Nibble's own code paths in one proc
 ``rollout`` step (its ``BuiltinEngine``, a packed sampler-form model, generates, the task scores,
 ``build_group`` turns samples into wire groups), the trainer's ``assemble`` and ``train_on_batch``
 (π_old, GRPO advantages, the corrected clipped loss, AdamW) train, and every new version travels as
-weight-sync would send it (``published_state`` → ``quantize_state`` → ``update_weights``). Staleness is
+weight-sync would send it (``published_state`` → ``quantize_state`` on the run's device → ``update_weights``;
+before 2026-12-02 the quantise ran on the CPU, see :data:`PUBLISH_QUANTIZE`). Staleness is
 simulated: the last ``max_staleness + 1`` published versions are kept, and each generation batch of
 ``groups_per_batch`` groups is sampled with a version ``lag`` steps old, ``lag`` drawn uniformly from
 ``0..min(max_staleness, v)`` by a seeded generator (the same lags for every variant of a seed), so both
@@ -42,6 +43,10 @@ from nibble.trainer.step import train_on_batch
 # the new version, and the held-out evaluation (null on steps without one).
 STEP_SECONDS = ("generate_seconds", "train_seconds", "publish_seconds", "eval_seconds")
 
+# Where weight-sync's quantise of a publication runs, recorded with each part (``machine.publish_quantize``):
+# ``publish_seconds`` depend on it. Parts without the field quantised on the CPU.
+PUBLISH_QUANTIZE = "on the run's device"
+
 
 class VersionedSampler:
     """The sampler side: a packed engine plus weight-sync's form of the last ``keep`` versions."""
@@ -56,8 +61,10 @@ class VersionedSampler:
         self.publish(0, trainer_model)
 
     def publish(self, version: int, trainer_model) -> None:
-        """What the trainer publishes and weight-sync quantises once (docs/design.md §5)."""
-        self.states.append((version, quantize_state(published_state(trainer_model), self.plan)))
+        """What the trainer publishes (bf16 on the CPU) and weight-sync quantises once on the sampler's device
+        (docs/design.md §5; the quantisers give the same bits on every device)."""
+        published = {name: tensor.to(self.engine.device) for name, tensor in published_state(trainer_model).items()}
+        self.states.append((version, quantize_state(published, self.plan)))
 
     def use(self, version: int) -> None:
         """Swap the engine to ``version`` between generation batches (pause → update → resume)."""

@@ -163,7 +163,8 @@ def run_loads(data: dict) -> dict[tuple[object, object], str]:
     """How busy the machine was for each run, by ``(variant, seed)``: from the part that ran it (``parts``,
     or the file's one ``machine`` when it has no parts), e.g. ``"3 runs at a time per GPU, CUDA MPS"``, and
     which NVFP4 GEMMs it ran where the record names them (``machine.nvfp4_gemm``, from 2026-12-02: the
-    block-ordered kernels decode faster and train slower than the GEMM before them). Step times are
+    block-ordered kernels decode faster and train slower than the GEMM before them) and where weight-sync's
+    quantise ran (``machine.publish_quantize``; GPU parts without it quantised on the CPU). Step times are
     wall-clock seconds, so runs sharing a GPU are slower by their company, not their plan.
     A part without the record gives :data:`UNKNOWN_LOAD`; nothing here raises."""
     parts = data.get("parts")
@@ -193,7 +194,9 @@ def _load(machine: object) -> str:
         mps = {True: ", CUDA MPS", False: ", time-sliced"}.get(machine.get("cuda_mps"), "")
         gemm = machine.get("nvfp4_gemm")
         gemm = f", NVFP4 GEMMs {gemm}" if isinstance(gemm, str) else ""
-        return f"{at_once} run{'s' if at_once > 1 else ''} at a time per GPU{mps}{gemm}"
+        publish = machine.get("publish_quantize")
+        publish = f", weight-sync quantise {publish}" if isinstance(publish, str) else ""
+        return f"{at_once} run{'s' if at_once > 1 else ''} at a time per GPU{mps}{gemm}{publish}"
     workers = machine.get("workers")
     return f"{workers} CPU worker processes" if is_real(workers) else UNKNOWN_LOAD
 

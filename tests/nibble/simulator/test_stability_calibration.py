@@ -188,6 +188,11 @@ def test_each_number_names_the_load_its_runs_ran_under_and_a_file_of_mixed_loads
     sources = load([write(tmp_path, data, "gemms.json")]).sources
     assert sources["rollout.nvfp4"].endswith(f"(2 runs at a time per GPU, NVFP4 GEMMs {block_ordered})")
     assert "WARNING: its timed runs ran under different loads" in sources["rollout.bf16"]
+    # a later part quantised its publications on the GPU (its record says where), the earlier one on the CPU
+    data["parts"][1]["machine"]["publish_quantize"] = "on the run's device"
+    sources = load([write(tmp_path, data, "publish.json")]).sources
+    assert sources["weight_sync.nvfp4"].endswith(", weight-sync quantise on the run's device)")
+    assert "WARNING: its timed runs ran under different loads" in sources["weight_sync.bf16"]
     # a file without parts takes its one machine record; one without any says so
     del data["parts"]
     data["machine"] = {"cpu": "x", "workers": 2}
