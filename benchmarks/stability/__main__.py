@@ -68,7 +68,12 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, OSError) as exc:
         parser.exit(2, f"error: {exc}\n")
     started = time.time()
-    machine = {**describe(), "workers": args.workers, "devices": list(source.devices), "publish_quantize": PUBLISH_QUANTIZE}
+    machine = {
+        **describe(),
+        "workers": args.workers,
+        "devices": list(source.devices),
+        "publish_quantize": PUBLISH_QUANTIZE,
+    }
     done = list(earlier)
 
     def record(new_runs: list[dict]) -> None:

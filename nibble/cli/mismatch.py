@@ -1,4 +1,4 @@
-"""``nibble mismatch``: train/rollout mismatch of every precision plan on a warm-start checkpoint."""
+"""``nibble mismatch``: train/rollout mismatch of every precision plan on a warm start or a run config's model."""
 
 from __future__ import annotations
 
@@ -14,7 +14,13 @@ from nibble.cli.app import app, user_errors
 @app.command("mismatch")
 @user_errors
 def mismatch(
-    checkpoint: Annotated[Path, typer.Option(help="a checkpoint directory written by `nibble sft`")],
+    checkpoint: Annotated[Path | None, typer.Option(help="a checkpoint directory written by `nibble sft`")] = None,
+    config: Annotated[
+        Path | None, typer.Option(help="instead: a run config, for its model, task and plan.quantize")
+    ] = None,
+    device: Annotated[
+        str | None, typer.Option(help="cpu, cuda or cuda:N (default: the config's trainer.device, else cpu)")
+    ] = None,
     prompts: Annotated[int, typer.Option(min=1, help="training prompts sampled per plan")] = 128,
     temperature: Annotated[float, typer.Option(min=0.01, help="sampling and scoring temperature")] = 1.0,
     seed: Annotated[int, typer.Option(help="seed of the prompts and of sampling")] = 0,
@@ -22,8 +28,10 @@ def mismatch(
 ) -> None:
     """Sample with each plan's sampler, score on the trainer side; print mean |Δlogprob| and k3 KL."""
     from nibble.analysis.mismatch_report import as_json as rows_json
-    from nibble.analysis.mismatch_report import measure
+    from nibble.analysis.mismatch_report import measure, source_of
     from nibble.cli.progress import Progress
+
+    source = source_of(checkpoint, config, device)
 
     with Progress("precision plans", 0, unit="plans") as bar:
 
@@ -32,14 +40,14 @@ def mismatch(
             if done:
                 bar.advance(note=plan)
 
-        rows = measure(checkpoint, prompts=prompts, temperature=temperature, seed=seed, progress=progress)
+        rows = measure(source, prompts=prompts, temperature=temperature, seed=seed, progress=progress)
     if as_json:
         typer.echo(json.dumps(rows_json(rows), indent=2))
         return
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"train/rollout mismatch, {checkpoint}")
+    table = Table(title=f"train/rollout mismatch, {source.checkpoint} on {source.device}")
     for column in ("plan", "trainer", "mean |Δlogprob|", "k3 KL", "tokens"):
         table.add_column(column, justify="left" if column in ("plan", "trainer") else "right")
     for r in rows:

@@ -189,10 +189,11 @@ def _refuse_other_benchmarks(path: Path, data: dict) -> None:
 
 
 def _apply_benchmark(updates: Updates, path: Path, data: dict) -> None:
-    """The mismatch benchmark's record: ``{"benchmark": "mismatch", "checkpoint", "prompts", "machine", "rows"}``."""
+    """The mismatch benchmark's record: ``{"benchmark": "mismatch", "checkpoint", "prompts", "machine", "rows"}``
+    (since 2026-12-02 also ``"command"``, ``"config"`` and ``"device"``)."""
     if data.get("benchmark", "mismatch") != "mismatch":
         raise ValueError(f"{path}: field 'benchmark' must be \"mismatch\", got {data['benchmark']!r}")
-    details = [f"{k} {data[k]}" for k in ("checkpoint", "prompts") if isinstance(data.get(k), (str, int))]
+    details = [f"{k} {data[k]}" for k in ("checkpoint", "device", "prompts") if isinstance(data.get(k), (str, int))]
     label = f"{path} [mismatch benchmark{', ' if details else ''}{', '.join(details)}]"
     _apply_rows(updates, path, data["rows"], "rows", label)
 

@@ -6,6 +6,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from nibble.model import MoETransformer
+from nibble.model.hf import save_pretrained
+from nibble.tasks import get_task
+from tests.helpers import TINY_LLAMA
 
 NIBBLE = str(Path(sys.executable).with_name("nibble"))
 
@@ -34,6 +40,36 @@ def test_mismatch_orders_formats_and_the_same_forward_is_exact(warm_start):
     assert "precision plans: 13/13 plans (100%)" in result.stderr and "ETA" in result.stderr  # progress, off stdout
 
 
+@pytest.fixture(scope="module")
+def dense_run_config(tmp_path_factory):
+    """A run config over a tiny dense Llama (SmolLM2's layout) on the addition task, MLPs quantised."""
+    root = tmp_path_factory.mktemp("dense")
+    with get_task("addition", digits=2) as task:
+        vocab = task.tokenizer.vocab_size
+    torch.manual_seed(0)
+    save_pretrained(MoETransformer(TINY_LLAMA.model_copy(update={"vocab_size": vocab})), root / "model")
+    path = root / "run.yaml"
+    path.write_text(
+        f"model: {{checkpoint: {root / 'model'}}}\n"
+        "task: {name: addition, options: {digits: 2, eval_size: 16}}\n"
+        "plan: {quantize: all_linear}\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_mismatch_of_a_run_configs_dense_model_has_no_shared_expert_plans(dense_run_config, device):
+    result = run("mismatch", "--config", str(dense_run_config), "--device", device, "--prompts", "6", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)
+    plans = {r["plan"] for r in rows}
+    assert len(plans) == 7 and all("shared_bf16=on" not in p for p in plans)  # 1 + 3 formats × tail on/off
+    same = [r for r in rows if r["trainer"] == "same_quantized_forward"]
+    assert all(r["logprob_abs_diff"] < 1e-4 and r["tokens"] > 0 for r in same)  # the bit-exact contract
+    plain = {r["plan"]: r["logprob_abs_diff"] for r in rows if r["trainer"] == "plain_bf16"}
+    assert plain["bf16"] < 1e-4 < plain["nvfp4 tail15=off shared_bf16=off"]  # all_linear: the MLPs quantised
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -42,6 +78,10 @@ def test_mismatch_orders_formats_and_the_same_forward_is_exact(warm_start):
         (["sft", "--task-option", "digits=99"], "digits"),
         (["sft", "--target-accuracy", "1.5"], "target_accuracy"),
         (["mismatch", "--checkpoint", "/no/such/ckpt"], "no config.json"),
+        (["mismatch"], "give one of --checkpoint (a warm start) and --config (a run config)"),
+        (["mismatch", "--checkpoint", "a", "--config", "b"], "give one of --checkpoint"),
+        (["mismatch", "--config", "/no/such.yaml"], "/no/such.yaml"),
+        (["mismatch", "--checkpoint", "/no/such", "--device", "gpu"], "--device='gpu' is not a device"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_clear_message(args, message, tmp_path):
