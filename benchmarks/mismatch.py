@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -17,16 +18,23 @@ from benchmarks.machine import describe
 from nibble.analysis.mismatch_report import as_json, measure, source_of
 
 
-def main() -> None:
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not ≥ 1")
+    return value
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     start = parser.add_mutually_exclusive_group(required=True)
     start.add_argument("--checkpoint", type=Path, help="a warm start written by `nibble sft`")
     start.add_argument("--config", type=Path, help="a run config, for its model, task and plan.quantize")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: the config's trainer.device)")
-    parser.add_argument("--prompts", type=int, default=512)
+    parser.add_argument("--prompts", type=_positive, default=512)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "mismatch.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     try:
         source = source_of(args.checkpoint, args.config, args.device)
         rows = measure(source, prompts=args.prompts, seed=args.seed)
@@ -36,10 +44,13 @@ def main() -> None:
         print(f"{r.plan:45s} {r.trainer:24s} |Δlogprob| {r.logprob_abs_diff:.4g}  k3 {r.mismatch_kl:.3g}")
     record = {
         "benchmark": "mismatch",
-        "command": " ".join([".venv/bin/python", "-m", "benchmarks.mismatch", *sys.argv[1:]]),
+        "command": shlex.join(
+            [".venv/bin/python", "-m", "benchmarks.mismatch", *(sys.argv[1:] if argv is None else argv)]
+        ),
         "checkpoint": str(source.checkpoint),
         "config": None if args.config is None else str(args.config),
         "device": source.device,
+        "quantize": source.quantize,
         "prompts": args.prompts,
         "machine": describe(),
         "rows": as_json(rows),

@@ -40,6 +40,29 @@ def stream_config(redis_server):
 
 
 @pytest.fixture(scope="session")
+def dense_run_config(tmp_path_factory):
+    """A run config over a tiny dense Llama (SmolLM2's layout, random weights) on the addition task, its
+    MLPs quantised (``plan.quantize: all_linear``)."""
+    from nibble.model import MoETransformer
+    from nibble.model.hf import save_pretrained
+    from nibble.tasks import get_task
+    from tests.helpers import TINY_LLAMA
+
+    root = tmp_path_factory.mktemp("dense")
+    with get_task("addition", digits=2) as task:
+        vocab = task.tokenizer.vocab_size
+    torch.manual_seed(0)
+    save_pretrained(MoETransformer(TINY_LLAMA.model_copy(update={"vocab_size": vocab})), root / "model")
+    path = root / "run.yaml"
+    path.write_text(
+        f"model: {{checkpoint: {root / 'model'}}}\n"
+        "task: {name: addition, options: {digits: 2, eval_size: 16}}\n"
+        "plan: {quantize: all_linear}\n"
+    )
+    return path
+
+
+@pytest.fixture(scope="session")
 def warm_start(tmp_path_factory):
     """One ``nibble sft`` warm start per test session (≈ 1 minute), shared by the CLI and service tests:
     the run config's task and target accuracy (which leaves RL room to show). ``NIBBLE_TEST_WARM_START=DIR``

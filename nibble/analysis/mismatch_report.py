@@ -74,17 +74,21 @@ def source_of(checkpoint: Path | None, config: Path | None, device: str | None) 
         from nibble.config import load
 
         run = load(config)
+        field = "--device" if device is not None else f"{config}: trainer.device"
         source = Source(
             Path(run.model.checkpoint),
             task={"name": run.task.name, "options": run.task.options},
             quantize=run.plan.quantize,
-            device=device or run.trainer.device,
+            device=device if device is not None else run.trainer.device,
         )
+        where = f"{config}: model.checkpoint {source.checkpoint}"
     else:
-        source = Source(Path(checkpoint), device=device or "cpu")
-    devices.check("--device", source.device)
+        field = "--device"
+        source = Source(Path(checkpoint), device=device if device is not None else "cpu")
+        where = str(source.checkpoint)
+    devices.resolve(field, source.device)  # refuses a malformed device or a GPU this process cannot see
     if not (source.checkpoint / "config.json").is_file():
-        raise ValueError(f"{source.checkpoint}: not a model directory (no config.json)")
+        raise ValueError(f"{where}: not a model directory (no config.json)")
     return source
 
 
@@ -142,7 +146,7 @@ def measure(
             device this machine lacks.
     """
     source = source if isinstance(source, Source) else Source(Path(source))
-    checkpoint, device = Path(source.checkpoint), devices.resolve("--device", source.device)
+    checkpoint, device = Path(source.checkpoint), devices.resolve("device", source.device)
     config = load_config(checkpoint)
     compute_dtype = "bfloat16" if device.type == "cuda" else "float32"
     task = get_task(source.task["name"], **source.task.get("options", {})) if source.task else task_of(checkpoint)

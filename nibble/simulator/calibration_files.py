@@ -5,7 +5,8 @@ Accepted (README.md "Calibration" documents them):
 - ``nibble mismatch --json`` output: a JSON list of rows ``{"plan", "trainer", "logprob_abs_diff",
   "mismatch_kl", "tokens"}``;
 - the mismatch benchmark's record (``benchmarks/results/mismatch.json``): ``{"benchmark": "mismatch",
-  "checkpoint", "prompts", "machine", "rows": [the same rows]}``. From both, only the ``plain_bf16`` rows
+  "checkpoint", "prompts", "machine", "rows": [the same rows]}`` (later records add ``"command"``,
+  ``"config"``, ``"device"``, ``"quantize"``). From both, only the ``plain_bf16`` rows
   count (a BF16 trainer against the quantised sampler, the article's arrangement; the
   ``same_quantized_forward`` rows are ~0 by construction) of the plans ``bf16`` and
   ``<mxfp8|nvfp4|nvfp4+4/6> tail15=on shared_bf16=off`` (the article's plan);
@@ -190,7 +191,7 @@ def _refuse_other_benchmarks(path: Path, data: dict) -> None:
 
 def _apply_benchmark(updates: Updates, path: Path, data: dict) -> None:
     """The mismatch benchmark's record: ``{"benchmark": "mismatch", "checkpoint", "prompts", "machine", "rows"}``
-    (since 2026-12-02 also ``"command"``, ``"config"`` and ``"device"``)."""
+    (since 2026-12-02 also ``"command"``, ``"config"``, ``"device"`` and ``"quantize"``)."""
     if data.get("benchmark", "mismatch") != "mismatch":
         raise ValueError(f"{path}: field 'benchmark' must be \"mismatch\", got {data['benchmark']!r}")
     details = [f"{k} {data[k]}" for k in ("checkpoint", "device", "prompts") if isinstance(data.get(k), (str, int))]

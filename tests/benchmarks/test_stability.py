@@ -158,8 +158,11 @@ def test_the_command_records_step_times_that_calibrate_the_simulator(warm_start,
     main([*common, "--seeds", "0", "--out", str(out)])
     main([*common, "--seeds", "0", "1", "--append", "--out", str(out)])  # adds seed 1 only
     assert capsys.readouterr().out.count("s/step gen") == 2
-    runs = json.loads(out.read_text())["runs"]
+    record = json.loads(out.read_text())
+    runs = record["runs"]
     assert [(r["variant"], r["seed"]) for r in runs] == [("bf16", 0), ("bf16", 1)]
+    # each part says where weight-sync quantised (publish_seconds depend on it)
+    assert [p["machine"]["publish_quantize"] for p in record["parts"]] == ["on the run's device"] * 2
     steps = [s for r in runs for s in r["steps"]]
     calibration = load([out])
     assert calibration.rollout_seconds["bf16"] == pytest.approx(sum(s["generate_seconds"] for s in steps) / 4)

@@ -6,12 +6,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-
-from nibble.model import MoETransformer
-from nibble.model.hf import save_pretrained
-from nibble.tasks import get_task
-from tests.helpers import TINY_LLAMA
 
 NIBBLE = str(Path(sys.executable).with_name("nibble"))
 
@@ -38,23 +32,6 @@ def test_mismatch_orders_formats_and_the_same_forward_is_exact(warm_start):
     full = "tail15=off shared_bf16=off"
     assert plain["bf16"] < 1e-4 < plain[f"mxfp8 {full}"] < plain[f"nvfp4 {full}"]
     assert "precision plans: 13/13 plans (100%)" in result.stderr and "ETA" in result.stderr  # progress, off stdout
-
-
-@pytest.fixture(scope="module")
-def dense_run_config(tmp_path_factory):
-    """A run config over a tiny dense Llama (SmolLM2's layout) on the addition task, MLPs quantised."""
-    root = tmp_path_factory.mktemp("dense")
-    with get_task("addition", digits=2) as task:
-        vocab = task.tokenizer.vocab_size
-    torch.manual_seed(0)
-    save_pretrained(MoETransformer(TINY_LLAMA.model_copy(update={"vocab_size": vocab})), root / "model")
-    path = root / "run.yaml"
-    path.write_text(
-        f"model: {{checkpoint: {root / 'model'}}}\n"
-        "task: {name: addition, options: {digits: 2, eval_size: 16}}\n"
-        "plan: {quantize: all_linear}\n"
-    )
-    return path
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
