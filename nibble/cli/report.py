@@ -28,8 +28,10 @@ def stability(
     ] = None,
 ) -> None:
     """Spikes per 100 steps, collapses, final reward and accuracy, mean |Δlogprob| per variant (mean ± std
-    over seeds) as a table, and grad-norm / reward / accuracy plots with seeds overlaid. With --simulate,
-    the drift model driven by each run's plan and staleness beside the measured runs (simulate.md)."""
+    over seeds) as a table, the article's claims judged on them by a fixed rule (claims.md), and grad-norm /
+    reward / accuracy plots with seeds overlaid. With --simulate, the drift model driven by each run's plan
+    and staleness beside the measured runs (simulate.md)."""
+    from nibble.analysis import stability_claims
     from nibble.analysis.stability_report import COLUMNS, load_results, markdown_table, plot, table_cells, variant_rows
 
     data = load_results(results)  # validates before anything is written
@@ -39,6 +41,8 @@ def stability(
     _writable(out)
     rows = variant_rows(data)
     (out / "table.md").write_text(markdown_table(rows))
+    verdicts = stability_claims.claims(data)
+    (out / "claims.md").write_text(stability_claims.markdown(verdicts))
     written = plot(data, out)
     from rich.console import Console
     from rich.table import Table
@@ -50,7 +54,14 @@ def stability(
         table.add_row(*cells)
     console = Console(width=180)
     console.print(table)
-    console.print(f"table.md and {', '.join(p.name for p in written)} in {out}")
+    rule = f"rule: nibble.analysis.stability_claims, {stability_claims.SIGNIFICANCE:g} standard errors"
+    judged = Table(title=f"the article's claims ({rule})")
+    for column in ("claim", "verdict", "evidence"):
+        judged.add_column(column)
+    for claim in verdicts:
+        judged.add_row(claim.claim, claim.verdict, claim.evidence)
+    console.print(judged)
+    console.print(f"table.md, claims.md and {', '.join(p.name for p in written)} in {out}")
     if comparison is not None:
         _print_comparison(console, out, *comparison)
 

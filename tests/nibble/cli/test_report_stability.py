@@ -56,6 +56,10 @@ def test_writes_the_table_and_three_plots(tmp_path):
     assert wild[2] == f"{100 / 45 / 2:.2f} ± {math.sqrt(2) * 100 / 45 / 2:.2f}" and wild[3] == "1/2"
     assert calm[4] == "0/2" and wild[4] == "1/2"  # seed 0 of wild ends at 0.0, below 0.25 - 0.1
     assert "calm" in result.stdout and "wild" in result.stdout
+    # the article's claims name the grid's variants: none of them ran here, and each claim says so
+    claims = (out / "claims.md").read_text().splitlines()
+    assert claims[0].startswith("| claim | verdict |") and len(claims) == 2 + 8
+    assert all("| not run | no run of " in line for line in claims[2:])
     for name in ("grad_norm.png", "reward.png", "accuracy.png"):
         assert (out / name).read_bytes()[:8] == PNG
 
