@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 from statistics import fmean, stdev
 
-from nibble.analysis.stability_report import RunSummary, summarize_run
+from nibble.analysis.stability_report import RunSummary, runs_by_variant
 
 SIGNIFICANCE = 2.0  # standard errors of a difference of means
 
@@ -87,10 +87,7 @@ class Difference:
 
 def claims(results: dict) -> list[Claim]:
     """Every claim's verdict for a validated stability results document (``load_results``)."""
-    runs: dict[str, list[RunSummary]] = {}
-    for run in results["runs"]:
-        summary = summarize_run(run)
-        runs.setdefault(summary.variant, []).append(summary)
+    runs = runs_by_variant(results)
     return [
         _spikes(runs),
         _drift(runs),
@@ -135,13 +132,23 @@ def _spikes(runs) -> Claim:
     return Claim(claim, verdict, evidence)
 
 
+def _reward_and_mismatch(runs, better: str, worse: str) -> tuple[Difference, Difference, str]:
+    """``better``'s last-10 reward minus ``worse``'s, ``worse``'s mean |Δlogprob| minus ``better``'s (both
+    positive when ``better`` is), and the evidence text."""
+    reward = _diff(runs, better, worse, "final_reward")
+    mismatch = _diff(runs, worse, better, "logprob_abs_diff")
+    return (
+        reward,
+        mismatch,
+        (f"last-10 reward {better} vs {worse} {reward.text()}; mean |Δlogprob| {worse} vs {better} {mismatch.text(4)}"),
+    )
+
+
 def _drift(runs) -> Claim:
     claim = "naive NVFP4 drifts from BF16: lower reward, higher mismatch"
     if why := _missing(runs, "nvfp4_naive", "bf16"):
         return Claim(claim, NOT_RUN, why)
-    reward = _diff(runs, "bf16", "nvfp4_naive", "final_reward")
-    mismatch = _diff(runs, "nvfp4_naive", "bf16", "logprob_abs_diff")
-    evidence = f"last-10 reward BF16 vs naive {reward.text()}; mean |Δlogprob| naive vs BF16 {mismatch.text(4)}"
+    reward, mismatch, evidence = _reward_and_mismatch(runs, "bf16", "nvfp4_naive")
     return Claim(claim, _verdict([(reward, +1), (mismatch, +1)]), evidence)
 
 
@@ -149,13 +156,8 @@ def _removes_part(runs, variant: str, technique: str) -> Claim:
     claim = f"adding {technique} ({variant}) to naive NVFP4 removes part of its drift: higher reward or lower mismatch"
     if why := _missing(runs, variant, "nvfp4_naive"):
         return Claim(claim, NOT_RUN, why)
-    reward = _diff(runs, variant, "nvfp4_naive", "final_reward")
-    mismatch = _diff(runs, "nvfp4_naive", variant, "logprob_abs_diff")
-    evidence = (
-        f"last-10 reward {variant} vs naive {reward.text()}; mean |Δlogprob| naive vs {variant} {mismatch.text(4)}"
-    )
-    either = [reward.shown(+1), mismatch.shown(+1)]
-    if any(either):
+    reward, mismatch, evidence = _reward_and_mismatch(runs, variant, "nvfp4_naive")
+    if reward.shown(+1) or mismatch.shown(+1):
         verdict = REPRODUCED
     elif reward.settled_against(+1) and mismatch.settled_against(+1):
         verdict = NOT_REPRODUCED

@@ -304,12 +304,17 @@ def summarize_run(run: dict) -> RunSummary:
     )
 
 
-def variant_rows(results: dict) -> list[VariantRow]:
-    """One row per variant, in the order variants first appear in ``results['runs']``."""
+def runs_by_variant(results: dict) -> dict[str, list[RunSummary]]:
+    """Each run's summary, by variant, in the order variants first appear in ``results['runs']``."""
     by_variant: dict[str, list[RunSummary]] = {}
     for run in results["runs"]:
         summary = summarize_run(run)
         by_variant.setdefault(summary.variant, []).append(summary)
+    return by_variant
+
+
+def variant_rows(results: dict) -> list[VariantRow]:
+    """One row per variant, in the order variants first appear in ``results['runs']``."""
     return [
         VariantRow(
             variant=name,
@@ -323,7 +328,7 @@ def variant_rows(results: dict) -> list[VariantRow]:
             fresh_logprob_abs_diff=Spread.of([r.fresh_logprob_abs_diff for r in runs]),
             skipped_steps=sum(r.skipped_steps for r in runs),
         )
-        for name, runs in by_variant.items()
+        for name, runs in runs_by_variant(results).items()
     ]
 
 
