@@ -63,7 +63,10 @@ def test_one_seed_settles_nothing_but_an_absent_spike_and_missing_variants_are_n
     judged = verdicts(results)
     assert judged["naive NVFP4 shows grad-norm spikes (more than BF16)"] == NOT_REPRODUCED  # none occurred
     assert judged["naive NVFP4 drifts from BF16"] == NOT_SETTLED
-    assert judged["the full recipe (all three, BF16 last 15% and shared experts) tracks BF16 without spikes"] == NOT_SETTLED
+    assert (
+        judged["the full recipe (all three, BF16 last 15% and shared experts) tracks BF16 without spikes"]
+        == NOT_SETTLED
+    )
     assert [c.evidence for c in claims(results) if c.verdict == NOT_RUN] == [
         "no run of nvfp4_token in this file", "no run of nvfp4_4o6 in this file", "no run of nvfp4_deq in this file",
         "no run of nvfp4_token_4o6, nvfp4_token_deq, nvfp4_4o6_deq in this file", "no run of mxfp8 in this file",
