@@ -376,6 +376,31 @@ def markdown_table(rows: list[VariantRow]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# Buckets of a step's mean staleness (the mean over its generation batches of the versions between the
+# sampler's policy and the trainer's): (label, low, high], the first exactly 0.
+STALENESS_BUCKETS = (("0", -math.inf, 0.0), ("(0, 1]", 0.0, 1.0), ("(1, 2]", 1.0, 2.0), ("> 2", 2.0, math.inf))
+
+
+def staleness_table(results: dict) -> str:
+    """Mean |Δlogprob| per variant by the staleness of its steps (:data:`STALENESS_BUCKETS`; every seed's
+    steps pooled, each cell with its number of steps), as a GitHub-markdown table; steps that do not
+    record ``staleness_mean`` (files before it was recorded) are left out, and a variant with none shows
+    dashes."""
+    header = ["variant", *(f"staleness {label}" for label, _, _ in STALENESS_BUCKETS)]
+    caption = "Mean \\|Δlogprob\\| by the mean staleness of a step's batches (steps in each cell, seeds pooled)."
+    lines = [caption, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    by_variant: dict[str, list[dict]] = {}
+    for run in results["runs"]:
+        by_variant.setdefault(run["variant"], []).extend(s for s in run["steps"] if _is_number(s.get("staleness_mean")))
+    for variant, steps in by_variant.items():
+        cells = []
+        for _, low, high in STALENESS_BUCKETS:
+            values = [s["logprob_abs_diff"] for s in steps if low < s["staleness_mean"] <= high]
+            cells.append(f"{fmean(values):.4f} ({len(values)})" if values else "—")
+        lines.append("| " + " | ".join([variant, *cells]) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def plot(results: dict, out: Path) -> list[Path]:
     """``grad_norm.png``, ``reward.png`` and ``accuracy.png`` in ``out``: one panel per variant, seeds
     overlaid; spikes marked ×, steps without learning signal (norm 0) left as gaps, the collapse

@@ -28,11 +28,20 @@ def stability(
     ] = None,
 ) -> None:
     """Spikes per 100 steps, collapses, final reward and accuracy, mean |Δlogprob| per variant (mean ± std
-    over seeds) as a table, the article's claims judged on them by a fixed rule (claims.md), and grad-norm /
+    over seeds) as a table, the article's claims judged on them by a fixed rule (claims.md), the mismatch by
+    staleness (staleness.md), and grad-norm /
     reward / accuracy plots with seeds overlaid. With --simulate, the drift model driven by each run's plan
     and staleness beside the measured runs (simulate.md)."""
     from nibble.analysis import stability_claims
-    from nibble.analysis.stability_report import COLUMNS, load_results, markdown_table, plot, table_cells, variant_rows
+    from nibble.analysis.stability_report import (
+        COLUMNS,
+        load_results,
+        markdown_table,
+        plot,
+        staleness_table,
+        table_cells,
+        variant_rows,
+    )
 
     data = load_results(results)  # validates before anything is written
     if calibrate and not simulate:
@@ -43,6 +52,7 @@ def stability(
     (out / "table.md").write_text(markdown_table(rows))
     verdicts = stability_claims.claims(data)
     (out / "claims.md").write_text(stability_claims.markdown(verdicts))
+    (out / "staleness.md").write_text(staleness_table(data))
     written = plot(data, out)
     from rich.console import Console
     from rich.table import Table
@@ -61,7 +71,7 @@ def stability(
     for claim in verdicts:
         judged.add_row(claim.claim, claim.verdict, claim.evidence)
     console.print(judged)
-    console.print(f"table.md, claims.md and {', '.join(p.name for p in written)} in {out}")
+    console.print(f"table.md, claims.md, staleness.md and {', '.join(p.name for p in written)} in {out}")
     if comparison is not None:
         _print_comparison(console, out, *comparison)
 

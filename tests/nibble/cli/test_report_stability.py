@@ -60,6 +60,9 @@ def test_writes_the_table_and_three_plots(tmp_path):
     claims = (out / "claims.md").read_text().splitlines()
     assert claims[0].startswith("| claim | verdict |") and len(claims) == 2 + 8
     assert all("| not run | no run of " in line for line in claims[2:])
+    # these steps record no staleness: the mismatch-by-staleness table has its rows, without numbers
+    staleness = (out / "staleness.md").read_text().splitlines()
+    assert staleness[-2:] == ["| calm | — | — | — | — |", "| wild | — | — | — | — |"]
     for name in ("grad_norm.png", "reward.png", "accuracy.png"):
         assert (out / name).read_bytes()[:8] == PNG
 
