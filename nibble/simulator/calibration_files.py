@@ -82,13 +82,29 @@ def is_real(value: object) -> bool:
         return False
 
 
+class _RepeatedKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """An object's members, refusing a key given twice: JSON would keep the last one silently, so a floor
+    or step time written twice would calibrate with whichever came last."""
+    keys = [key for key, _ in pairs]
+    repeated = sorted({key for key in keys if keys.count(key) > 1})
+    if repeated:
+        raise _RepeatedKey(f"key {repeated[0]!r} appears twice in one object")
+    return dict(pairs)
+
+
 def _read_json(path: Path) -> object:
     try:
-        return json.loads(path.read_text())
+        return json.loads(path.read_text(), object_pairs_hook=_unique_keys)
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: cannot be read ({exc})") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    except _RepeatedKey as exc:
+        raise ValueError(f"{path}: {exc}") from None
 
 
 def _floor(path: Path, name: str, value: object) -> float:
