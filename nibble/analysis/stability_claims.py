@@ -8,14 +8,26 @@ remain; MXFP8 lies between BF16 and NVFP4. Each is judged on the grid's variants
 ``nvfp4_4o6``, ``nvfp4_deq``, the pairs ``nvfp4_token_4o6``, ``nvfp4_token_deq``, ``nvfp4_4o6_deq`` and
 ``recipe``.
 
-The rule: per run, the numbers of :func:`nibble.analysis.stability_report.summarize_run` (spikes per 100
-judged steps, the last-10-steps batch reward, the mean |Δlogprob| over all tokens); per variant, their mean
-over seeds. A difference between two variants is *shown* when the means differ by more than
-:data:`SIGNIFICANCE` standard errors of the difference, ``sqrt(s_a²/n_a + s_b²/n_b)`` with ``s`` the sample
-standard deviation over seeds (Welch's), so it needs two seeds of each; with fewer the verdict says what
-one seed shows and that it is not settled. A claim is *reproduced* when every difference it states is
-shown in its direction, *not reproduced* when one is settled against it (or, for spikes, none occurred),
-*not run* when the file lacks a variant it needs, and *not settled* otherwise.
+The rule. Per run, the numbers of :func:`nibble.analysis.stability_report.summarize_run`: spikes per 100
+judged steps (runs with no judged step left out), the last-10-steps batch reward, the mean |Δlogprob| over
+all tokens. A difference of two variants' means over seeds is *shown* in a direction by Welch's t-test at
+the two-sided 5% level: ``|Δ| > t · sqrt(s_a²/n_a + s_b²/n_b)``, ``s`` the sample standard deviation over
+seeds and ``t`` Student's 97.5% quantile at the Welch–Satterthwaite degrees of freedom rounded down
+(:data:`T_975`; 2.042 beyond 30). It needs two seeds of each; where every seed of both gives the same value
+(no spread), a difference in the direction counts. Verdicts:
+
+- *reproduced*: every difference the claim states is shown in its direction;
+- *not reproduced*: with two seeds or more of each, one of them is not shown (or is shown the other way);
+  for spikes also with one seed when none occurred in any judged step (the evidence gives how many steps);
+- *not settled*: one seed of a variant it compares, so nothing can be shown;
+- *not testable*: the recipe's closing of the gap, where the naive variant shows no reward gap to BF16;
+- *not run*: the file lacks a variant the claim needs.
+
+The recipe claim is one of equivalence: it is *reproduced* when the naive variant's reward gap to BF16 is
+shown and the recipe's is not (the test cannot prove equality; it finds no gap left), and the recipe
+never spiked. "Removes part" is *reproduced* when the variant's reward is shown above naive's or its
+mismatch below, and neither is shown the other way. The pairs claim counts spikes: *reproduced* when each
+of the three pairs spiked, *not reproduced* when a pair that ran never did.
 """
 
 from __future__ import annotations
@@ -26,11 +38,17 @@ from statistics import fmean, stdev
 
 from nibble.analysis.stability_report import RunSummary, runs_by_variant
 
-SIGNIFICANCE = 2.0  # standard errors of a difference of means
+# Student's t, 97.5% quantile, by degrees of freedom 1..30 (standard tables); beyond 30 the value at 30,
+# which errs on the strict side.
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+         2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+         2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)  # fmt: skip
+RULE = "Welch's t-test, two-sided 5%"
 
 REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced"
 NOT_SETTLED = "not settled"
+NOT_TESTABLE = "not testable"
 NOT_RUN = "not run"
 
 SINGLE_TECHNIQUES = {"nvfp4_token": "per-token activation scales", "nvfp4_4o6": "four-over-six",
@@ -40,8 +58,8 @@ PAIRS = ("nvfp4_token_4o6", "nvfp4_token_deq", "nvfp4_4o6_deq")
 
 @dataclass(frozen=True)
 class Claim:
-    """One claim, its verdict (:data:`REPRODUCED`, :data:`NOT_REPRODUCED`, :data:`NOT_SETTLED` or
-    :data:`NOT_RUN`) and the numbers behind it."""
+    """One claim, its verdict (:data:`REPRODUCED`, :data:`NOT_REPRODUCED`, :data:`NOT_SETTLED`,
+    :data:`NOT_TESTABLE` or :data:`NOT_RUN`) and the numbers behind it."""
 
     claim: str
     verdict: str
@@ -50,7 +68,7 @@ class Claim:
 
 @dataclass(frozen=True)
 class Difference:
-    """``mean(a) − mean(b)`` of one metric over two variants' seeds, with its standard error."""
+    """``mean(a) − mean(b)`` of one metric over two variants' seeds, with Welch's standard error."""
 
     a: list[float]
     b: list[float]
@@ -61,21 +79,33 @@ class Difference:
 
     @property
     def stderr(self) -> float | None:
-        """Welch's standard error; None with fewer than two seeds of either variant."""
+        """``sqrt(s_a²/n_a + s_b²/n_b)``; None with fewer than two seeds of either variant."""
         if len(self.a) < 2 or len(self.b) < 2:
             return None
-        return math.sqrt(stdev(self.a) ** 2 / len(self.a) + stdev(self.b) ** 2 / len(self.b))
+        return math.sqrt(self._share(self.a) + self._share(self.b))
+
+    @property
+    def critical(self) -> float | None:
+        """Student's 97.5% quantile at the Welch–Satterthwaite degrees of freedom (rounded down); None
+        without two seeds of each or without any spread."""
+        if self.stderr is None or self.stderr == 0:
+            return None
+        va, vb = self._share(self.a), self._share(self.b)
+        dof = (va + vb) ** 2 / (va**2 / (len(self.a) - 1) + vb**2 / (len(self.b) - 1))
+        return T_975[min(max(math.floor(dof), 1), len(T_975)) - 1]
+
+    @staticmethod
+    def _share(values: list[float]) -> float:
+        return stdev(values) ** 2 / len(values)
 
     def shown(self, sign: int) -> bool | None:
-        """Whether the difference is shown in direction ``sign`` (+1: a above b); None when it cannot be
-        judged (one seed of either)."""
+        """Whether the difference is shown in direction ``sign`` (+1: a above b); None with one seed of
+        either variant."""
         if self.stderr is None:
             return None
-        return sign * self.delta > SIGNIFICANCE * self.stderr
-
-    def settled_against(self, sign: int) -> bool:
-        """Shown in the opposite direction, or, with a spread, no difference in the claimed one."""
-        return self.stderr is not None and not self.shown(sign)
+        if self.stderr == 0:  # every seed of each gives one value: the difference is that of the values
+            return sign * self.delta > 0
+        return sign * self.delta > self.critical * self.stderr
 
     def text(self, digits: int = 3) -> str:
         head = f"{fmean(self.a):.{digits}f} vs {fmean(self.b):.{digits}f}"
@@ -98,12 +128,12 @@ def claims(results: dict) -> list[Claim]:
     ]
 
 
-def _values(runs: dict[str, list[RunSummary]], variant: str, metric: str) -> list[float]:
-    return [getattr(r, metric) for r in runs[variant]]
+def _diff(runs: dict[str, list[RunSummary]], a: str, b: str, metric: str) -> Difference:
+    def values(variant: str) -> list[float]:
+        judged = [r for r in runs[variant] if metric != "spikes_per_100" or r.judged_steps]
+        return [getattr(r, metric) for r in judged]
 
-
-def _diff(runs, a: str, b: str, metric: str) -> Difference:
-    return Difference(_values(runs, a, metric), _values(runs, b, metric))
+    return Difference(values(a), values(b))
 
 
 def _missing(runs, *variants: str) -> str | None:
@@ -112,12 +142,12 @@ def _missing(runs, *variants: str) -> str | None:
 
 
 def _verdict(parts: list[tuple[Difference, int]]) -> str:
-    """REPRODUCED when every part is shown in its direction, NOT_REPRODUCED when one is settled against."""
-    if any(d.settled_against(sign) for d, sign in parts):
-        return NOT_REPRODUCED
-    if all(d.shown(sign) for d, sign in parts):
-        return REPRODUCED
-    return NOT_SETTLED
+    """REPRODUCED when every part is shown in its direction; NOT_SETTLED when one cannot be judged (one
+    seed); else NOT_REPRODUCED."""
+    shown = [d.shown(sign) for d, sign in parts]
+    if None in shown:
+        return NOT_SETTLED
+    return REPRODUCED if all(shown) else NOT_REPRODUCED
 
 
 def _spikes(runs) -> Claim:
@@ -127,7 +157,7 @@ def _spikes(runs) -> Claim:
     spikes = _diff(runs, "nvfp4_naive", "bf16", "spikes_per_100")
     counts = sum(r.spikes for r in runs["nvfp4_naive"])
     steps = sum(r.judged_steps for r in runs["nvfp4_naive"])
-    evidence = f"spikes per 100 steps {spikes.text(2)}; {counts} spikes in {steps} judged naive steps"
+    evidence = f"spikes per 100 steps {spikes.text(2)}; {counts} in {steps} judged naive steps"
     verdict = NOT_REPRODUCED if counts == 0 else _verdict([(spikes, +1)])
     return Claim(claim, verdict, evidence)
 
@@ -157,28 +187,33 @@ def _removes_part(runs, variant: str, technique: str) -> Claim:
     if why := _missing(runs, variant, "nvfp4_naive"):
         return Claim(claim, NOT_RUN, why)
     reward, mismatch, evidence = _reward_and_mismatch(runs, variant, "nvfp4_naive")
-    if reward.shown(+1) or mismatch.shown(+1):
-        verdict = REPRODUCED
-    elif reward.settled_against(+1) and mismatch.settled_against(+1):
-        verdict = NOT_REPRODUCED
-    else:
+    if reward.stderr is None:
         verdict = NOT_SETTLED
+    elif reward.shown(-1) or mismatch.shown(-1):
+        verdict = NOT_REPRODUCED  # one of them is shown worse than naive's
+    else:
+        verdict = REPRODUCED if reward.shown(+1) or mismatch.shown(+1) else NOT_REPRODUCED
     return Claim(claim, verdict, evidence)
 
 
 def _recipe(runs) -> Claim:
-    claim = "the full recipe (all three, BF16 last 15% and shared experts) tracks BF16 without spikes"
-    if why := _missing(runs, "recipe", "bf16"):
+    claim = "the full recipe (all three, BF16 last 15% and shared experts) closes the gap: reward tracks BF16, no spike"
+    if why := _missing(runs, "recipe", "bf16", "nvfp4_naive"):
         return Claim(claim, NOT_RUN, why)
-    reward = _diff(runs, "bf16", "recipe", "final_reward")
+    recipe = _diff(runs, "bf16", "recipe", "final_reward")
+    naive = _diff(runs, "bf16", "nvfp4_naive", "final_reward")
     spikes = sum(r.spikes for r in runs["recipe"])
-    evidence = f"last-10 reward BF16 vs recipe {reward.text()}; {spikes} recipe spikes"
-    if spikes or reward.shown(+1):
-        verdict = NOT_REPRODUCED  # BF16's reward above the recipe's is shown, or the recipe spiked
-    elif reward.stderr is None:
+    evidence = (
+        f"last-10 reward bf16 vs recipe {recipe.text()}; bf16 vs nvfp4_naive {naive.text()}; {spikes} recipe spikes"
+    )
+    if spikes:
+        verdict = NOT_REPRODUCED
+    elif recipe.stderr is None or naive.stderr is None:
         verdict = NOT_SETTLED
+    elif recipe.shown(+1):
+        verdict = NOT_REPRODUCED  # a reward gap to BF16 is left
     else:
-        verdict = REPRODUCED  # no shown gap: tracking within the grid's resolution, not proof of equality
+        verdict = REPRODUCED if naive.shown(+1) else NOT_TESTABLE  # without a naive gap there is none to close
     return Claim(claim, verdict, evidence)
 
 
@@ -188,14 +223,14 @@ def _pairs(runs) -> Claim:
     if not present:
         return Claim(claim, NOT_RUN, f"no run of {', '.join(PAIRS)} in this file")
     counts = {p: sum(r.spikes for r in runs[p]) for p in present}
-    evidence = "; ".join(f"{p}: {n} spikes in {len(runs[p])} runs" for p, n in counts.items())
+    evidence = "; ".join(f"{p}: {n} spike{'s' if n != 1 else ''} in {len(runs[p])} runs" for p, n in counts.items())
     missing = [p for p in PAIRS if p not in runs]
     if missing:
         evidence += f"; no run of {', '.join(missing)}"
     if not all(counts.values()):
-        verdict = NOT_REPRODUCED
+        verdict = NOT_REPRODUCED  # a pair that ran never spiked
     else:
-        verdict = REPRODUCED if not missing else NOT_SETTLED
+        verdict = NOT_SETTLED if missing else REPRODUCED
     return Claim(claim, verdict, evidence)
 
 
@@ -205,13 +240,13 @@ def _mxfp8(runs) -> Claim:
         return Claim(claim, NOT_RUN, why)
     above_bf16 = _diff(runs, "mxfp8", "bf16", "logprob_abs_diff")
     below_naive = _diff(runs, "nvfp4_naive", "mxfp8", "logprob_abs_diff")
-    evidence = f"mean |Δlogprob| MXFP8 vs BF16 {above_bf16.text(4)}; naive vs MXFP8 {below_naive.text(4)}"
+    evidence = f"mean |Δlogprob| mxfp8 vs bf16 {above_bf16.text(4)}; nvfp4_naive vs mxfp8 {below_naive.text(4)}"
     return Claim(claim, _verdict([(above_bf16, +1), (below_naive, +1)]), evidence)
 
 
 def markdown(claims_: list[Claim]) -> str:
     """The verdicts as a GitHub-markdown table."""
-    lines = ["| claim | verdict | evidence (mean over seeds; Δ ± standard error where two seeds or more) |",
+    lines = [f"| claim | verdict ({RULE}) | evidence (mean over seeds; Δ ± standard error where two seeds or more) |",
              "|---|---|---|"]  # fmt: skip
     lines += [f"| {c.claim} | {c.verdict} | {c.evidence.replace('|', chr(92) + '|')} |" for c in claims_]
     return "\n".join(lines) + "\n"

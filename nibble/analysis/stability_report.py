@@ -15,6 +15,7 @@ from pathlib import Path
 from statistics import fmean, stdev
 
 from nibble.analysis.stability_events import COLLAPSE_DROP, collapse_step, judged_steps, spike_steps
+from nibble.simulator.calibration_files import RepeatedKey, unique_keys
 from nibble.simulator.stability_calibration import MARKER, PILOTS_FILE, PILOTS_MARKER
 
 FINAL_WINDOW = 10  # "final reward" = mean batch reward over the last this-many steps
@@ -141,11 +142,13 @@ def load_results(path: Path) -> dict:
     if not path.is_file():
         raise ValueError(f"{path}: results file not found")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(), object_pairs_hook=unique_keys)
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: cannot read ({exc})") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: malformed JSON ({exc})") from None
+    except RepeatedKey as exc:
+        raise ValueError(f"{path}: {exc}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: the top level must be an object with a 'runs' list")
     check_marker(path, data)

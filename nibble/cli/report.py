@@ -64,7 +64,7 @@ def stability(
         table.add_row(*cells)
     console = Console(width=180)
     console.print(table)
-    rule = f"rule: nibble.analysis.stability_claims, {stability_claims.SIGNIFICANCE:g} standard errors"
+    rule = f"rule: nibble.analysis.stability_claims, {stability_claims.RULE}"
     judged = Table(title=f"the article's claims ({rule})")
     for column in ("claim", "verdict", "evidence"):
         judged.add_column(column)

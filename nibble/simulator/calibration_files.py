@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -82,28 +83,32 @@ def is_real(value: object) -> bool:
         return False
 
 
-class _RepeatedKey(ValueError):
-    pass
+class RepeatedKey(ValueError):
+    """A JSON object that gives one key twice (raised by :func:`unique_keys`)."""
 
 
-def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
-    """An object's members, refusing a key given twice: JSON would keep the last one silently, so a floor
-    or step time written twice would calibrate with whichever came last."""
-    keys = [key for key, _ in pairs]
-    repeated = sorted({key for key in keys if keys.count(key) > 1})
+def unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """``json.loads``'s ``object_pairs_hook`` that refuses a key given twice in one object: JSON would keep
+    the last one silently, so a number written twice would count with whichever came last.
+
+    Raises:
+        RepeatedKey: naming the key and the object's keys.
+    """
+    counts = Counter(key for key, _ in pairs)
+    repeated = sorted(key for key, n in counts.items() if n > 1)
     if repeated:
-        raise _RepeatedKey(f"key {repeated[0]!r} appears twice in one object")
+        raise RepeatedKey(f"key {repeated[0]!r} appears twice in the object with keys {', '.join(counts)}")
     return dict(pairs)
 
 
 def _read_json(path: Path) -> object:
     try:
-        return json.loads(path.read_text(), object_pairs_hook=_unique_keys)
+        return json.loads(path.read_text(), object_pairs_hook=unique_keys)
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: cannot be read ({exc})") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc})") from None
-    except _RepeatedKey as exc:
+    except RepeatedKey as exc:
         raise ValueError(f"{path}: {exc}") from None
 
 

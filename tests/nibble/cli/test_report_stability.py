@@ -58,7 +58,7 @@ def test_writes_the_table_and_three_plots(tmp_path):
     assert "calm" in result.stdout and "wild" in result.stdout
     # the article's claims name the grid's variants: none of them ran here, and each claim says so
     claims = (out / "claims.md").read_text().splitlines()
-    assert claims[0].startswith("| claim | verdict |") and len(claims) == 2 + 8
+    assert claims[0].startswith("| claim | verdict (Welch") and len(claims) == 2 + 8
     assert all("| not run | no run of " in line for line in claims[2:])
     # these steps record no staleness: the mismatch-by-staleness table has its rows, without numbers
     staleness = (out / "staleness.md").read_text().splitlines()
@@ -72,6 +72,7 @@ def test_writes_the_table_and_three_plots(tmp_path):
     [
         (None, "results file not found"),
         ("{not json", "malformed JSON"),
+        ('{"runs": [{"variant": "a", "variant": "b"}]}', "key 'variant' appears twice in the object with keys variant"),
         ("[]", "'runs' list"),
         ('{"runs": []}', "'runs' must be a non-empty list"),
         ('{"runs": [{"variant": "a", "seed": 0, "steps": []}]}', "runs[0]: missing field 'warm_start_accuracy'"),

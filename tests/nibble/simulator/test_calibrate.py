@@ -151,7 +151,7 @@ def test_the_all_token_fallback_notes_staleness_and_later_files_win(tmp_path):
         ('{"step_seconds": {"train": {"bf16": "fast"}}}', "field 'step_seconds.train.bf16' must be a positive"),
         ('{"plan": {"bf16_last_15": "yes"}}', "field 'plan.bf16_last_15' must be true or false"),
         ('{"source": "nothing measured"}', "holds no number to calibrate from"),
-        ('{"floors": {"nvfp4": 0.03, "nvfp4": 0.5}}', "key 'nvfp4' appears twice in one object"),
+        ('{"floors": {"nvfp4": 0.03, "nvfp4": 0.5}}', "key 'nvfp4' appears twice in the object with keys nvfp4"),
     ],
 )
 def test_bad_mismatch_files_name_the_file_and_the_field(tmp_path, content, message):
