@@ -154,6 +154,9 @@ def _spikes(runs) -> Claim:
     claim = "naive NVFP4 shows grad-norm spikes (more than BF16)"
     if why := _missing(runs, "nvfp4_naive", "bf16"):
         return Claim(claim, NOT_RUN, why)
+    unjudged = [v for v in ("nvfp4_naive", "bf16") if not any(r.judged_steps for r in runs[v])]
+    if unjudged:  # runs too short for the spike rule's running median
+        return Claim(claim, NOT_SETTLED, f"no run of {', '.join(unjudged)} has a step the spike rule judges")
     spikes = _diff(runs, "nvfp4_naive", "bf16", "spikes_per_100")
     counts = sum(r.spikes for r in runs["nvfp4_naive"])
     steps = sum(r.judged_steps for r in runs["nvfp4_naive"])

@@ -114,6 +114,14 @@ def test_runs_without_a_judged_step_do_not_count_as_zero_spikes():
     assert claim.verdict == REPRODUCED and "(Δ +2.86 ± 0.00, 2/2 seeds)" in claim.evidence  # 1 in 35 judged steps
 
 
+def test_runs_too_short_for_the_spike_rule_leave_the_spike_claim_unsettled():
+    results = {"runs": [run("bf16", 0, reward=0.5, mismatch=0.01, steps=3),
+                        run("nvfp4_naive", 0, reward=0.3, mismatch=0.1, steps=3)]}  # fmt: skip
+    [claim] = [c for c in claims(results) if c.claim.startswith("naive NVFP4 shows")]
+    assert claim.verdict == NOT_SETTLED
+    assert claim.evidence == "no run of nvfp4_naive, bf16 has a step the spike rule judges"
+
+
 @pytest.mark.parametrize(("shift", "shown"), [(2.2, False), (2.35, True)])
 def test_a_difference_is_shown_by_welchs_t_test_at_five_percent(shift, shown):
     # two samples of variance 1 and three seeds each: standard error sqrt(2/3), 4 degrees of freedom,
