@@ -32,8 +32,7 @@ M_VALUES = (1, 2, 4, 8, 16, 32, 128, 1024)
 
 def unscaled(q: NVFP4Tensor) -> torch.Tensor:
     """``e2m1 · block_scale`` of ``q`` in bf16 (exact: at most 5 significant bits), without the global scale."""
-    ones = torch.ones_like(q.global_scale)
-    return NVFP4Tensor(q.codes, q.block_scales, ones, q.four_over_six, q.shape).dequantize(torch.bfloat16)
+    return q.unscaled().dequantize(torch.bfloat16)
 
 
 def exact(q: NVFP4Tensor) -> torch.Tensor:

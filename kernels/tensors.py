@@ -44,6 +44,12 @@ class NVFP4Tensor:
     shape: torch.Size
     fragments: NVFP4Fragments | None = None
 
+    def unscaled(self) -> NVFP4Tensor:
+        """The same codes and block scales with unit global scales (of the same shape): what the GEMMs
+        multiply before applying the global scales (docs/design.md §2.6); without the fragment layout."""
+        ones = torch.ones_like(self.global_scale, dtype=torch.float32)
+        return NVFP4Tensor(self.codes, self.block_scales, ones, self.four_over_six, self.shape)
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Decode to a dense tensor of ``self.shape`` in ``dtype`` (computed in float32, cast once).
 

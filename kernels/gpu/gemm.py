@@ -53,7 +53,7 @@ def _activations(qx: NVFP4Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     g = qx.global_scale.reshape(-1).to(torch.float32)
     if g.numel() == 1 and m != 1:
         g = g.expand(m).contiguous()
-    return dequantize(_unscaled(qx), torch.float16 if qx.codes.is_cuda else torch.float32), g
+    return dequantize(qx.unscaled(), torch.float16 if qx.codes.is_cuda else torch.float32), g
 
 
 def _flat(t: NVFP4Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,12 +61,6 @@ def _flat(t: NVFP4Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return t.codes.reshape(-1, k // 2).contiguous(), t.block_scales.reshape(-1, k // NVFP4_BLOCK).contiguous().view(
         torch.uint8
     )
-
-
-def _unscaled(t: NVFP4Tensor) -> NVFP4Tensor:
-    """The same codes and block scales with unit global scales (decoded exactly in bf16)."""
-    ones = torch.ones_like(t.global_scale, dtype=torch.float32)
-    return NVFP4Tensor(t.codes, t.block_scales, ones, t.four_over_six, t.shape)
 
 
 def _fragments(qw: NVFP4Tensor) -> NVFP4Fragments:
@@ -150,8 +144,8 @@ def packed_matmul(
 def dequantized_matmul(qx: NVFP4Tensor, qw: NVFP4Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """:func:`matmul` by decoding both operands (exactly, in bf16, global scales applied after) and calling
     the vendor GEMM with float32 output (its summation order depends on the row count: benchmarks only)."""
-    x = dequantize(_unscaled(qx), torch.bfloat16)
-    w = dequantize(_unscaled(qw), torch.bfloat16)
+    x = dequantize(qx.unscaled(), torch.bfloat16)
+    w = dequantize(qw.unscaled(), torch.bfloat16)
     y = torch.mm(x, w.t(), out_dtype=torch.float32)
     xg = qx.global_scale.to(torch.float32).reshape(-1, 1) if qx.global_scale.dim() else qx.global_scale
     return ((y * xg) * qw.global_scale.to(torch.float32)).to(out_dtype)

@@ -20,10 +20,9 @@ from ..tensors import NVFP4_BLOCK, NVFP4Tensor
 CHUNK_BLOCKS = 32
 
 
-def _unscaled(t: NVFP4Tensor) -> torch.Tensor:
+def _block_values(t: NVFP4Tensor) -> torch.Tensor:
     """float64 ``e2m1_value · block_scale`` of ``t`` (no global scale), ``[..., K / 16, 16]``."""
-    ones = torch.ones_like(t.global_scale, dtype=torch.float32)
-    values = NVFP4Tensor(t.codes, t.block_scales, ones, t.four_over_six, t.shape).dequantize(torch.float64)
+    values = t.unscaled().dequantize(torch.float64)
     return values.reshape(*t.shape[:-1], t.shape[-1] // NVFP4_BLOCK, NVFP4_BLOCK)
 
 
@@ -42,7 +41,7 @@ def ordered_sum(t: torch.Tensor) -> torch.Tensor:
 def matmul(qx: NVFP4Tensor, qw: NVFP4Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Activations ``[M, K]`` (global scale ``[M]`` or ``[]``) times a weight ``[N, K]`` (global scale ``[]``)
     -> ``[M, N]`` in ``out_dtype``, block-ordered."""
-    t = torch.einsum("mbi,nbi->bmn", _unscaled(qx), _unscaled(qw)).to(torch.float32)
+    t = torch.einsum("mbi,nbi->bmn", _block_values(qx), _block_values(qw)).to(torch.float32)
     gx = qx.global_scale.to(torch.float32)
     gx = gx.reshape(-1, 1) if gx.dim() else gx
     return ((ordered_sum(t) * gx) * qw.global_scale.to(torch.float32)).to(out_dtype)
@@ -57,10 +56,10 @@ def grouped_matmul(
 ) -> torch.Tensor:
     """Row ``r`` is :func:`matmul` of activation row ``x_rows[r]`` (or ``r``) with expert ``experts[r]``'s
     weight of ``qw [E, N, K]`` (one global scale per expert)."""
-    x = _unscaled(qx)
+    x = _block_values(qx)
     gx = qx.global_scale.to(torch.float32)
     if x_rows is not None:
         x, gx = x[x_rows], gx[x_rows]
-    t = torch.einsum("rbi,rnbi->brn", x, _unscaled(qw)[experts]).to(torch.float32)
+    t = torch.einsum("rbi,rnbi->brn", x, _block_values(qw)[experts]).to(torch.float32)
     gw = qw.global_scale.to(torch.float32)[experts]
     return ((ordered_sum(t) * gx.reshape(-1, 1)) * gw.reshape(-1, 1)).to(out_dtype)
