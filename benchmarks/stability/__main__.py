@@ -35,6 +35,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=_positive, default=1, help="CPU processes (one torch thread each)")
     parser.add_argument("--devices", nargs="+", default=None, help="one run at a time on each (e.g. cuda:0 cuda:1)")
     parser.add_argument("--append", action="store_true", help="add to --out the runs it does not hold yet")
+    parser.add_argument(
+        "--max-runs", type=_positive, default=None,
+        help="run only the first N runs still missing, in grid order (a part that fits the time you have)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "stability.json")
     return parser
 
@@ -99,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
 
     skip = {(r["variant"], r["seed"]) for r in earlier}
     try:
-        runs = run_grid(source, variants, seeds, setting, workers=args.workers, skip=skip, on_run=progress)
+        runs = run_grid(source, variants, seeds, setting, workers=args.workers, skip=skip, max_runs=args.max_runs, on_run=progress)
     except KeyboardInterrupt:
         parser.exit(130, f"stopped: {len(done) - len(earlier)} new runs kept in {args.out}\n")
     except ValueError as exc:

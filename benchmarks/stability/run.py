@@ -215,16 +215,18 @@ def run_grid(
     *,
     workers: int = 1,
     skip: set[tuple[str, int]] = frozenset(),
+    max_runs: int | None = None,
     on_run: Callable[[dict, int, int], None] | None = None,
 ) -> list[dict]:
-    """Every ``variant × seed`` run not in ``skip``; seed-major, so a partial grid covers every variant.
+    """Every ``variant × seed`` run not in ``skip`` (the first ``max_runs`` of them when given); seed-major,
+    so a partial grid covers every variant.
 
     On the CPU, ``workers`` processes of one torch thread each (1: in this process); on GPUs, one process
     per device of ``source.devices``, each holding one device at a time. ``on_run(run, done, total)`` is
     called as each run finishes (progress, incremental saving). Runs come back in grid order.
     """
     source = source if isinstance(source, Source) else Source(Path(source))
-    jobs = [(v, s) for s in seeds for v in variants if (v, s) not in skip]
+    jobs = [(v, s) for s in seeds for v in variants if (v, s) not in skip][:max_runs]
     devices = list(source.devices) if source.devices != ("cpu",) else ["cpu"] * max(1, workers)
     runs: dict[tuple[str, int], dict] = {}
     if len(devices) == 1:

@@ -87,6 +87,12 @@ def test_a_run_config_gives_the_model_task_plan_scope_numbers_and_devices(warm_s
     assert run["device"] == "cpu" and [s["step"] for s in run["steps"]] == [1, 2]
 
 
+def test_max_runs_takes_the_first_missing_runs_in_grid_order(warm_start):
+    one_step = Setting(**{**TINY.__dict__, "steps": 1, "eval_every": 1})
+    runs = run_grid(warm_start, ["bf16", "nvfp4_naive"], [0, 1], one_step, skip={("bf16", 0)}, max_runs=2)
+    assert [(r["variant"], r["seed"]) for r in runs] == [("nvfp4_naive", 0), ("bf16", 1)]
+
+
 def test_a_grid_grows_in_parts_only_with_its_own_setting(warm_start, tmp_path):
     from benchmarks.stability.__main__ import main
     from benchmarks.stability.results import earlier_part, save
@@ -113,6 +119,7 @@ def test_a_grid_grows_in_parts_only_with_its_own_setting(warm_start, tmp_path):
         ["--checkpoint", str(warm_start), "--out", str(tmp_path / "n.json"), "--devices", "cuda:7"],
         ["--checkpoint", str(tmp_path), "--out", str(tmp_path / "n.json")],  # not empty, not a model: kept
         ["--checkpoint", str(warm_start), "--out", str(out / "sub.json")],
+        ["--checkpoint", str(warm_start), "--out", str(tmp_path / "n.json"), "--max-runs", "0"],
     ]
     for argv in refused:
         with pytest.raises(SystemExit) as exited:
