@@ -102,8 +102,13 @@ def main(argv: list[str] | None = None) -> None:
         record(done[len(earlier) :])  # after every run: a stopped grid keeps what it did
 
     skip = {(r["variant"], r["seed"]) for r in earlier}
+    if all((v, s) in skip for s in seeds for v in variants):  # an empty part would only overwrite the record
+        print(f"nothing to run: {args.out} holds all {len(seeds) * len(variants)} runs of this grid (left as it was)")
+        return
     try:
-        runs = run_grid(source, variants, seeds, setting, workers=args.workers, skip=skip, max_runs=args.max_runs, on_run=progress)
+        runs = run_grid(
+            source, variants, seeds, setting, workers=args.workers, skip=skip, max_runs=args.max_runs, on_run=progress
+        )
     except KeyboardInterrupt:
         parser.exit(130, f"stopped: {len(done) - len(earlier)} new runs kept in {args.out}\n")
     except ValueError as exc:

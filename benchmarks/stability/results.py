@@ -107,15 +107,19 @@ def _with_legacy_defaults(key: str, value):
     return value
 
 
+_RUNS_MARKER = "\0runs\0"
+
+
 def dumps(document: dict) -> str:
     """The results as JSON text: indented, with one line per step record (diffable line by line)."""
-    text = json.dumps({**document, "runs": []}, indent=1)
+    # Replacing a marker no results field holds leaves the parts' own "runs" lists alone, even empty ones.
+    text = json.dumps({**document, "runs": _RUNS_MARKER}, indent=1)
     runs = []
     for run in document["runs"]:
         head = json.dumps({k: v for k, v in run.items() if k != "steps"})[:-1]
         steps = ",\n".join("   " + json.dumps(step) for step in run["steps"])
         runs.append(f'  {head}, "steps": [\n{steps}\n  ]}}')
-    return text.replace('"runs": []', '"runs": [\n' + ",\n".join(runs) + "\n ]") + "\n"
+    return text.replace(f'"runs": {json.dumps(_RUNS_MARKER)}', '"runs": [\n' + ",\n".join(runs) + "\n ]") + "\n"
 
 
 def check_writable(out: Path) -> None:

@@ -87,6 +87,12 @@ def test_a_run_config_gives_the_model_task_plan_scope_numbers_and_devices(warm_s
     assert run["device"] == "cpu" and [s["step"] for s in run["steps"]] == [1, 2]
 
 
+def test_dumps_writes_the_runs_once_whatever_the_parts_hold():
+    run = {"variant": "bf16", "seed": 0, "steps": [{"step": 1, "reward": 0.5}]}
+    document = {"benchmark": "stability", "runs": [run], "parts": [{"runs": [["bf16", 0]]}, {"runs": []}]}
+    assert json.loads(dumps(document)) == document  # an empty part's list once got a copy of every run
+
+
 def test_max_runs_takes_the_first_missing_runs_in_grid_order(warm_start):
     one_step = Setting(**{**TINY.__dict__, "steps": 1, "eval_every": 1})
     runs = run_grid(warm_start, ["bf16", "nvfp4_naive"], [0, 1], one_step, skip={("bf16", 0)}, max_runs=2)
@@ -165,6 +171,10 @@ def test_the_command_records_step_times_that_calibrate_the_simulator(warm_start,
     main([*common, "--seeds", "0", "--out", str(out)])
     main([*common, "--seeds", "0", "1", "--append", "--out", str(out)])  # adds seed 1 only
     assert capsys.readouterr().out.count("s/step gen") == 2
+    before = out.read_bytes()
+    main([*common, "--seeds", "1", "0", "--append", "--out", str(out)])  # nothing missing: the record untouched
+    assert "nothing to run" in capsys.readouterr().out
+    assert out.read_bytes() == before
     record = json.loads(out.read_text())
     runs = record["runs"]
     assert [(r["variant"], r["seed"]) for r in runs] == [("bf16", 0), ("bf16", 1)]
