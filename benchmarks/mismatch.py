@@ -14,15 +14,9 @@ import shlex
 import sys
 from pathlib import Path
 
+from benchmarks.arguments import integer_at_least
 from benchmarks.machine import describe
 from nibble.analysis.mismatch_report import as_json, measure, source_of
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not ≥ 1")
-    return value
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -31,7 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     start.add_argument("--checkpoint", type=Path, help="a warm start written by `nibble sft`")
     start.add_argument("--config", type=Path, help="a run config, for its model, task and plan.quantize")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: the config's trainer.device)")
-    parser.add_argument("--prompts", type=_positive, default=512)
+    parser.add_argument("--prompts", type=integer_at_least(1), default=512)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "mismatch.json")
     args = parser.parse_args(argv)

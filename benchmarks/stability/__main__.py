@@ -9,18 +9,12 @@ import time
 from pathlib import Path
 from statistics import fmean
 
+from benchmarks.arguments import integer_at_least
 from benchmarks.stability.results import ROOT, earlier_part, results_document, save
 from benchmarks.stability.run import PUBLISH_QUANTIZE, run_grid
 from benchmarks.stability.setting import Setting, Source, ensure_warm_start, from_config
 from benchmarks.stability.variants import VARIANTS
 from nibble.analysis import stability_events
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not ≥ 1")
-    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,13 +24,13 @@ def _parser() -> argparse.ArgumentParser:
     start.add_argument("--config", type=Path, help="a run config: its model, task, plan scope, numbers and device")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--steps", type=_positive, default=Setting.steps)
-    parser.add_argument("--eval-every", type=_positive, default=None, help="default: the setting's")
-    parser.add_argument("--workers", type=_positive, default=1, help="CPU processes (one torch thread each)")
+    parser.add_argument("--steps", type=integer_at_least(1), default=Setting.steps)
+    parser.add_argument("--eval-every", type=integer_at_least(1), default=None, help="default: the setting's")
+    parser.add_argument("--workers", type=integer_at_least(1), default=1, help="CPU processes (one torch thread each)")
     parser.add_argument("--devices", nargs="+", default=None, help="one run at a time on each (e.g. cuda:0 cuda:1)")
     parser.add_argument("--append", action="store_true", help="add to --out the runs it does not hold yet")
     parser.add_argument(
-        "--max-runs", type=_positive, default=None,
+        "--max-runs", type=integer_at_least(1), default=None,
         help="run only the first N runs still missing, in grid order (a part that fits the time you have)",
     )  # fmt: skip
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "stability.json")

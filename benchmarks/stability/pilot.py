@@ -34,6 +34,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from statistics import fmean, median
 
+from benchmarks.arguments import integer_at_least
 from benchmarks.stability.results import ROOT, check_writable
 from benchmarks.stability.run import run_on_free_device
 from benchmarks.stability.setting import from_config
@@ -105,24 +106,13 @@ def _learning_rate(text: str) -> float:
     return value
 
 
-def _staleness(text: str) -> int:
-    """An argparse type: an integer ≥ 0 (policy versions a batch may lag the trainer)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is not ≥ 0")
-    return value
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.stability.pilot", description=__doc__)
     parser.add_argument("--config", type=Path, required=True, help="the grid's run config")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--learning-rates", type=_learning_rate, nargs="+", required=True, help="each finite, > 0")
-    parser.add_argument("--staleness", type=_staleness, nargs="+", required=True, help="each an integer ≥ 0")
+    parser.add_argument("--staleness", type=integer_at_least(0), nargs="+", required=True, help="each an integer ≥ 0")
     parser.add_argument("--devices", nargs="+", required=True, help="one concurrent pilot per entry")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "stability_pilots.json")
     return parser

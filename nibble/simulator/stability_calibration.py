@@ -164,7 +164,8 @@ def run_loads(data: dict) -> dict[tuple[object, object], str]:
     or the file's one ``machine`` when it has no parts), e.g. ``"3 runs at a time per GPU, CUDA MPS"``, and
     which NVFP4 GEMMs it ran where the record names them (``machine.nvfp4_gemm``, from 2026-12-02: the
     block-ordered kernels decode faster and train slower than the GEMM before them) and where weight-sync's
-    quantise ran (``machine.publish_quantize``; GPU parts without it quantised on the CPU). Step times are
+    quantise ran (``machine.publish_quantize``; GPU parts without it quantised on the CPU), named
+    "(unrecorded)" where the record predates its field. Step times are
     wall-clock seconds, so runs sharing a GPU are slower by their company, not their plan.
     A part without the record gives :data:`UNKNOWN_LOAD`; nothing here raises."""
     parts = data.get("parts")
@@ -192,9 +193,10 @@ def _load(machine: object) -> str:
     if isinstance(devices, list) and devices and all(isinstance(d, str) for d in devices) and devices[0] != "cpu":
         at_once = max(devices.count(d) for d in devices)
         mps = {True: ", CUDA MPS", False: ", time-sliced"}.get(machine.get("cuda_mps"), "")
-        gemm = machine.get("nvfp4_gemm")
+        # GPU records got these fields with the change they describe: a record without one ran what came before
+        gemm = machine.get("nvfp4_gemm", "before docs/design.md §2.6 (unrecorded)")
         gemm = f", NVFP4 GEMMs {gemm}" if isinstance(gemm, str) else ""
-        publish = machine.get("publish_quantize")
+        publish = machine.get("publish_quantize", "on the CPU (unrecorded)")
         publish = f", weight-sync quantise {publish}" if isinstance(publish, str) else ""
         return f"{at_once} run{'s' if at_once > 1 else ''} at a time per GPU{mps}{gemm}{publish}"
     workers = machine.get("workers")

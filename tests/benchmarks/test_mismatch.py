@@ -24,6 +24,7 @@ def test_a_run_configs_record_names_its_source_and_calibrates_the_floors(dense_r
     ("argv", "message"),
     [
         (["--prompts", "0"], "--prompts: 0 is not ≥ 1"),
+        (["--prompts", "2.5"], "--prompts: '2.5' is not an integer"),
         (["--device", "tpu"], "--device='tpu' is not a device"),
         ([], None),  # --config and --checkpoint together
     ],

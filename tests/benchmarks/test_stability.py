@@ -99,7 +99,7 @@ def test_max_runs_takes_the_first_missing_runs_in_grid_order(warm_start):
     assert [(r["variant"], r["seed"]) for r in runs] == [("nvfp4_naive", 0), ("bf16", 1)]
 
 
-def test_a_grid_grows_in_parts_only_with_its_own_setting(warm_start, tmp_path):
+def test_a_grid_grows_in_parts_only_with_its_own_setting(warm_start, tmp_path, capsys):
     from benchmarks.stability.__main__ import main
     from benchmarks.stability.results import earlier_part, save
 
@@ -126,11 +126,13 @@ def test_a_grid_grows_in_parts_only_with_its_own_setting(warm_start, tmp_path):
         ["--checkpoint", str(tmp_path), "--out", str(tmp_path / "n.json")],  # not empty, not a model: kept
         ["--checkpoint", str(warm_start), "--out", str(out / "sub.json")],
         ["--checkpoint", str(warm_start), "--out", str(tmp_path / "n.json"), "--max-runs", "0"],
+        ["--checkpoint", str(warm_start), "--out", str(tmp_path / "n.json"), "--steps", "ten"],
     ]
     for argv in refused:
         with pytest.raises(SystemExit) as exited:
             main(argv)
         assert exited.value.code == 2, argv
+    assert "argument --steps: 'ten' is not an integer" in capsys.readouterr().err
     assert out.read_text() == before and not (tmp_path / "n.json").exists()
 
 

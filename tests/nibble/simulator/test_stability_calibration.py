@@ -166,7 +166,8 @@ def test_each_number_names_the_load_its_runs_ran_under_and_a_file_of_mixed_loads
     pair = [[run["variant"], run["seed"]] for run in data["runs"]]
     data["parts"] = [{"machine": {"gpu": "NVIDIA H200", "devices": ["cuda:0", "cuda:0"]}, "runs": pair}]
     sources = load([write(tmp_path, data)]).sources
-    assert sources["rollout.nvfp4"].endswith("(2 runs at a time per GPU)")
+    old = ", NVFP4 GEMMs before docs/design.md §2.6 (unrecorded), weight-sync quantise on the CPU (unrecorded)"
+    assert sources["rollout.nvfp4"].endswith(f"(2 runs at a time per GPU{old})")  # a record before both fields
     assert "WARNING" not in sources["rollout.bf16"]
     # a later part ran the nvfp4 run three to a GPU under MPS: the BF16/NVFP4 ratio is partly the load's
     data["parts"] = [
@@ -174,10 +175,10 @@ def test_each_number_names_the_load_its_runs_ran_under_and_a_file_of_mixed_loads
         {"machine": {"gpu": "NVIDIA H200", "devices": ["cuda:0"] * 3, "cuda_mps": True}, "runs": pair[1:]},
     ]
     sources = load([write(tmp_path, data, "mixed.json")]).sources
-    assert sources["rollout.nvfp4"].endswith("(3 runs at a time per GPU, CUDA MPS)")
+    assert sources["rollout.nvfp4"].endswith(f"(3 runs at a time per GPU, CUDA MPS{old})")
     for name in ("rollout.bf16", "rollout.nvfp4", "weight_sync.bf16", "train.bf16"):
         assert "WARNING: its timed runs ran under different loads" in sources[name]
-        assert "2 runs at a time per GPU / 3 runs at a time per GPU, CUDA MPS" in sources[name]
+        assert f"2 runs at a time per GPU{old} / 3 runs at a time per GPU, CUDA MPS{old}" in sources[name]
     # a later part ran the block-ordered NVFP4 GEMMs (its record names them), the earlier one the GEMM before
     block_ordered = "block-ordered (docs/design.md §2.6), CUDA fragment kernels"
     data["parts"] = [
@@ -186,7 +187,9 @@ def test_each_number_names_the_load_its_runs_ran_under_and_a_file_of_mixed_loads
          "runs": pair[1:]},
     ]  # fmt: skip
     sources = load([write(tmp_path, data, "gemms.json")]).sources
-    assert sources["rollout.nvfp4"].endswith(f"(2 runs at a time per GPU, NVFP4 GEMMs {block_ordered})")
+    assert sources["rollout.nvfp4"].endswith(
+        f"(2 runs at a time per GPU, NVFP4 GEMMs {block_ordered}, weight-sync quantise on the CPU (unrecorded))"
+    )
     assert "WARNING: its timed runs ran under different loads" in sources["rollout.bf16"]
     # a later part quantised its publications on the GPU (its record says where), the earlier one on the CPU
     data["parts"][1]["machine"]["publish_quantize"] = "on the run's device"
