@@ -25,8 +25,12 @@ seeds and ``t`` Student's 97.5% quantile at the Welch–Satterthwaite degrees of
 
 The recipe claim is one of equivalence: it is *reproduced* when the naive variant's reward gap to BF16 is
 shown and the recipe's is not (the test cannot prove equality; it finds no gap left), and the recipe
-never spiked. "Removes part" is *reproduced* when the variant's reward is shown above naive's or its
-mismatch below, and neither is shown the other way. The pairs claim counts spikes: *reproduced* when each
+never spiked; *not settled* when the smallest gap the test on the recipe would show (``t · stderr``) is
+no smaller than naive's gap, since a test that would miss a gap of that size says nothing about whether
+it was closed (added 2026-12-03, after two seeds of the recipe gave ``t · stderr`` = 0.22 against a gap
+of 0.13 at one degree of freedom: the first rule called that *reproduced*). "Removes part" is
+*reproduced* when the variant's reward is shown above naive's or its mismatch below, and neither is shown
+the other way. The pairs claim counts spikes: *reproduced* when each
 of the three pairs spiked, *not reproduced* when a pair that ran never did.
 """
 
@@ -106,6 +110,13 @@ class Difference:
         if self.stderr == 0:  # every seed of each gives one value: the difference is that of the values
             return sign * self.delta > 0
         return sign * self.delta > self.critical * self.stderr
+
+    def detectable(self) -> float:
+        """The smallest ``|Δ|`` the test shows, ``t · stderr`` (0 where no seed spreads: any difference
+        counts). Raises ValueError with one seed of either variant."""
+        if self.stderr is None:
+            raise ValueError("one seed: no difference can be shown")
+        return 0.0 if self.stderr == 0 else self.critical * self.stderr
 
     def text(self, digits: int = 3) -> str:
         head = f"{fmean(self.a):.{digits}f} vs {fmean(self.b):.{digits}f}"
@@ -215,8 +226,13 @@ def _recipe(runs) -> Claim:
         verdict = NOT_SETTLED
     elif recipe.shown(+1):
         verdict = NOT_REPRODUCED  # a reward gap to BF16 is left
+    elif not naive.shown(+1):
+        verdict = NOT_TESTABLE  # without a naive gap there is none to close
+    elif (detectable := recipe.detectable()) >= naive.delta:
+        verdict = NOT_SETTLED  # the test would have missed a gap as large as the one to close
+        evidence += f"; the test shows only gaps above {detectable:.3f}, wider than the {naive.delta:.3f} to close"
     else:
-        verdict = REPRODUCED if naive.shown(+1) else NOT_TESTABLE  # without a naive gap there is none to close
+        verdict = REPRODUCED
     return Claim(claim, verdict, evidence)
 
 

@@ -90,6 +90,18 @@ def test_the_recipe_is_judged_against_the_gap_it_should_close():
     assert verdict(calm, "the full recipe") == NOT_TESTABLE
 
 
+def test_a_recipe_gap_the_test_could_not_see_is_not_called_closed():
+    # the H200 grid's two seeds: the recipe kept 0.094 of naive's 0.134 gap, but at one degree of freedom
+    # Welch's test shows only gaps above 12.7 standard errors (0.22)
+    two_seeds = {"bf16": ([0.356, 0.353], [0.024] * 2, False), "nvfp4_naive": ([0.230, 0.211], [0.44] * 2, False)}
+    unseen = grid({**two_seeds, "recipe": ([0.244, 0.278], [0.2] * 2, False)})
+    [judged] = [c for c in claims(unseen) if c.claim.startswith("the full recipe")]
+    assert judged.verdict == NOT_SETTLED
+    assert "the test shows only gaps above 0.2" in judged.evidence and "than the 0.134 to close" in judged.evidence
+    seen = grid({**two_seeds, "recipe": ([0.352, 0.357], [0.2] * 2, False)})  # a test that could see the gap
+    assert verdict(seen, "the full recipe") == REPRODUCED
+
+
 def test_a_technique_that_makes_one_number_worse_does_not_remove_part():
     worse = grid({"nvfp4_naive": NAIVE, "nvfp4_token": ([0.50, 0.51, 0.49], [0.300, 0.301, 0.302], False)})
     assert verdict(worse, "adding per-token") == NOT_REPRODUCED  # reward up, but mismatch shown up too
