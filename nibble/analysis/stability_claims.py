@@ -19,16 +19,19 @@ seeds and ``t`` Student's 97.5% quantile at the Welch–Satterthwaite degrees of
 - *reproduced*: every difference the claim states is shown in its direction;
 - *not reproduced*: with two seeds or more of each, one of them is not shown (or is shown the other way);
   for spikes also with one seed when none occurred in any judged step (the evidence gives how many steps);
-- *not settled*: one seed of a variant it compares, so nothing can be shown;
+- *not settled*: one seed of a variant it compares, so nothing can be shown; for the recipe also where
+  the test is too weak to tell its gap to BF16 from naive's (below);
 - *not testable*: the recipe's closing of the gap, where the naive variant shows no reward gap to BF16;
 - *not run*: the file lacks a variant the claim needs.
 
 The recipe claim is one of equivalence: it is *reproduced* when the naive variant's reward gap to BF16 is
 shown and the recipe's is not (the test cannot prove equality; it finds no gap left), and the recipe
-never spiked; *not settled* when the smallest gap the test on the recipe would show (``t · stderr``) is
-no smaller than naive's gap, since a test that would miss a gap of that size says nothing about whether
-it was closed (added 2026-12-03, after two seeds of the recipe gave ``t · stderr`` = 0.22 against a gap
-of 0.13 at one degree of freedom: the first rule called that *reproduced*). "Removes part" is
+never spiked, and its reward is shown above naive's; *not settled* when the smallest gap the test on the
+recipe would show (``t · stderr``) is no smaller than naive's gap, since a test that would miss a gap of
+that size says nothing about whether it was closed, or when the recipe is shown neither below BF16 nor
+above naive (added 2026-12-03, after two seeds of the recipe gave ``t · stderr`` = 0.22 against a gap of
+0.13 at one degree of freedom: the first rule called that *reproduced*; both clauses only turn
+*reproduced* into *not settled*). "Removes part" is
 *reproduced* when the variant's reward is shown above naive's or its mismatch below, and neither is shown
 the other way. The pairs claim counts spikes: *reproduced* when each
 of the three pairs spiked, *not reproduced* when a pair that ran never did.
@@ -231,6 +234,9 @@ def _recipe(runs) -> Claim:
     elif (detectable := recipe.detectable()) >= naive.delta:
         verdict = NOT_SETTLED  # the test would have missed a gap as large as the one to close
         evidence += f"; the test shows only gaps above {detectable:.3f}, wider than the {naive.delta:.3f} to close"
+    elif not (ahead := _diff(runs, "recipe", "nvfp4_naive", "final_reward")).shown(+1):
+        verdict = NOT_SETTLED  # no gap shown to BF16, none to naive either: the runs tell neither apart
+        evidence += f"; recipe vs nvfp4_naive {ahead.text()}, not shown above naive's"
     else:
         verdict = REPRODUCED
     return Claim(claim, verdict, evidence)

@@ -100,6 +100,18 @@ def test_a_recipe_gap_the_test_could_not_see_is_not_called_closed():
     assert "the test shows only gaps above 0.2" in judged.evidence and "than the 0.134 to close" in judged.evidence
     seen = grid({**two_seeds, "recipe": ([0.352, 0.357], [0.2] * 2, False)})  # a test that could see the gap
     assert verdict(seen, "the full recipe") == REPRODUCED
+    # a test just strong enough to see naive's gap, a recipe 90% as far from BF16 and not shown above naive
+    like_naive = grid({**two_seeds, "recipe": ([0.2445, 0.2245], [0.2] * 2, False)})
+    [judged] = [c for c in claims(like_naive) if c.claim.startswith("the full recipe")]
+    assert judged.verdict == NOT_SETTLED and "not shown above naive's" in judged.evidence
+
+
+def test_the_smallest_difference_the_test_shows():
+    assert Difference([0.5, 0.5], [0.3, 0.3]).detectable() == 0.0  # no spread: any difference counts
+    spread = Difference([0.356, 0.353], [0.244, 0.278])  # one degree of freedom
+    assert spread.detectable() == pytest.approx(12.706 * spread.stderr)
+    with pytest.raises(ValueError, match="one seed"):
+        Difference([0.5], [0.3, 0.31]).detectable()
 
 
 def test_a_technique_that_makes_one_number_worse_does_not_remove_part():
