@@ -31,10 +31,9 @@ recipe would show (``t · stderr``) is no smaller than naive's gap, since a test
 that size says nothing about whether it was closed, or when the recipe is shown neither below BF16 nor
 above naive (added 2026-12-03, after two seeds of the recipe gave ``t · stderr`` = 0.22 against a gap of
 0.13 at one degree of freedom: the first rule called that *reproduced*; both clauses only turn
-*reproduced* into *not settled*). "Removes part" is
-*reproduced* when the variant's reward is shown above naive's or its mismatch below, and neither is shown
-the other way. The pairs claim counts spikes: *reproduced* when each
-of the three pairs spiked, *not reproduced* when a pair that ran never did.
+*reproduced* into *not settled*). "Removes part" is *reproduced* when the variant's reward is shown above
+naive's or its mismatch below, and neither is shown the other way. The pairs claim counts spikes:
+*reproduced* when each of the three pairs spiked, *not reproduced* when a pair that ran never did.
 """
 
 from __future__ import annotations
@@ -110,13 +109,11 @@ class Difference:
         either variant."""
         if self.stderr is None:
             return None
-        if self.stderr == 0:  # every seed of each gives one value: the difference is that of the values
-            return sign * self.delta > 0
-        return sign * self.delta > self.critical * self.stderr
+        return sign * self.delta > self.detectable()
 
     def detectable(self) -> float:
-        """The smallest ``|Δ|`` the test shows, ``t · stderr`` (0 where no seed spreads: any difference
-        counts). Raises ValueError with one seed of either variant."""
+        """The ``|Δ|`` the test must exceed, ``t · stderr`` (0 where every seed of each gives one value: the
+        difference is that of the values). Raises ValueError with one seed of either variant."""
         if self.stderr is None:
             raise ValueError("one seed: no difference can be shown")
         return 0.0 if self.stderr == 0 else self.critical * self.stderr

@@ -8,6 +8,7 @@ from nibble.analysis.stability_claims import (
     NOT_SETTLED,
     NOT_TESTABLE,
     REPRODUCED,
+    Claim,
     Difference,
     claims,
 )
@@ -35,9 +36,13 @@ BF16 = ([0.50, 0.52, 0.51], [0.010, 0.011, 0.012], False)
 NAIVE = ([0.30, 0.31, 0.29], [0.100, 0.105, 0.098], True)
 
 
-def verdict(results: dict, claim: str) -> str:
-    [found] = [c.verdict for c in claims(results) if c.claim.startswith(claim)]
+def judged(results: dict, claim: str) -> Claim:
+    [found] = [c for c in claims(results) if c.claim.startswith(claim)]
     return found
+
+
+def verdict(results: dict, claim: str) -> str:
+    return judged(results, claim).verdict
 
 
 def test_the_articles_picture_is_reproduced_where_three_seeds_show_it():
@@ -53,8 +58,8 @@ def test_the_articles_picture_is_reproduced_where_three_seeds_show_it():
         "nvfp4_4o6_deq": ([0.4] * 3, [0.05] * 3, True),
         "mxfp8": ([0.5] * 3, [0.020, 0.022, 0.021], False),
     })  # fmt: skip
-    judged = claims(results)
-    assert [c.verdict for c in judged] == [
+    every = claims(results)
+    assert [c.verdict for c in every] == [
         REPRODUCED,  # naive spikes on every seed, BF16 never
         REPRODUCED,  # reward lower and mismatch higher, both shown
         REPRODUCED,  # per-token: both
@@ -64,7 +69,7 @@ def test_the_articles_picture_is_reproduced_where_three_seeds_show_it():
         REPRODUCED,  # every pair spiked
         REPRODUCED,  # MXFP8 between
     ]
-    assert "± " in judged[1].evidence and "3/3 seeds" in judged[1].evidence
+    assert "± " in every[1].evidence and "3/3 seeds" in every[1].evidence
 
 
 def test_one_seed_settles_nothing_but_an_absent_spike_and_missing_variants_are_named():
@@ -95,15 +100,15 @@ def test_a_recipe_gap_the_test_could_not_see_is_not_called_closed():
     # Welch's test shows only gaps above 12.7 standard errors (0.22)
     two_seeds = {"bf16": ([0.356, 0.353], [0.024] * 2, False), "nvfp4_naive": ([0.230, 0.211], [0.44] * 2, False)}
     unseen = grid({**two_seeds, "recipe": ([0.244, 0.278], [0.2] * 2, False)})
-    [judged] = [c for c in claims(unseen) if c.claim.startswith("the full recipe")]
-    assert judged.verdict == NOT_SETTLED
-    assert "the test shows only gaps above 0.2" in judged.evidence and "than the 0.134 to close" in judged.evidence
+    recipe = judged(unseen, "the full recipe")
+    assert recipe.verdict == NOT_SETTLED
+    assert "the test shows only gaps above 0.2" in recipe.evidence and "than the 0.134 to close" in recipe.evidence
     seen = grid({**two_seeds, "recipe": ([0.352, 0.357], [0.2] * 2, False)})  # a test that could see the gap
     assert verdict(seen, "the full recipe") == REPRODUCED
     # a test just strong enough to see naive's gap, a recipe 90% as far from BF16 and not shown above naive
     like_naive = grid({**two_seeds, "recipe": ([0.2445, 0.2245], [0.2] * 2, False)})
-    [judged] = [c for c in claims(like_naive) if c.claim.startswith("the full recipe")]
-    assert judged.verdict == NOT_SETTLED and "not shown above naive's" in judged.evidence
+    recipe = judged(like_naive, "the full recipe")
+    assert recipe.verdict == NOT_SETTLED and "not shown above naive's" in recipe.evidence
 
 
 def test_the_smallest_difference_the_test_shows():
