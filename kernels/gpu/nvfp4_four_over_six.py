@@ -1,8 +1,8 @@
 """The four-over-six block error of docs/design.md §2.3 for the Triton quantise kernel
 (:mod:`nibble.kernels.gpu.nvfp4_quantize`): the spec's per-element ``d`` evaluated once per grid
-magnitude for any block, and a two-division form for rows where it gives the same bits (proofs in the
-docstrings; tests/kernels/test_quantize_arithmetic.py checks both against the spec's form). Compiled with
-floating-point contraction off, like the kernel that calls them.
+magnitude for any block, and a form with two float64 products per block for rows where it gives the same
+bits (proofs in the docstrings; tests/kernels/test_quantize_arithmetic.py checks both against the spec's
+form). Compiled with floating-point contraction off, like the kernel that calls them.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def block_error_exact(r_lo, r_hi, x_lo, x_hi, sf, amax, C: tl.constexpr, MSE: tl
 
 @triton.jit
 def block_error_fast(r_lo, r_hi, x_lo, x_hi, b1, b15, MSE: tl.constexpr):
-    """The error of :func:`block_error_exact` from two divisions per block (:func:`fast_terms`), for rows where
+    """The error of :func:`block_error_exact` from two terms per block (:func:`fast_terms`), for rows where
     :func:`fast_rows` says it is the same.
 
     A nonzero grid magnitude is ``r = m · 2^j``, ``m ∈ {1, 1.5}``, ``j ∈ {-1..2}``, and ``r · sf`` is exact
@@ -113,9 +113,20 @@ def block_error_fast(r_lo, r_hi, x_lo, x_hi, b1, b15, MSE: tl.constexpr):
 
 @triton.jit
 def fast_terms(sf, amax, C: tl.constexpr):
-    """``(B_1, B_1.5)`` per block ``[BM, NB]`` for :func:`block_error_fast`: ``B_m = fl(fl(m · sf · amax) / 6E)``."""
-    b1 = tl.div_rn(sf * amax[:, None], tl.full(sf.shape, C, tl.float32))
-    b15 = tl.div_rn((sf * 1.5) * amax[:, None], tl.full(sf.shape, C, tl.float32))
+    """``(B_1, B_1.5)`` per block ``[BM, NB]`` for :func:`block_error_fast`: ``B_m = fl(fl(m · sf · amax) / 6E)``.
+
+    The quotient is taken as ``fl32(fl64(y · fl64(1 / 6E)))`` — one float64 product instead of a float32
+    division. With ``6E = 1536 = 3 · 2^9`` and ``y = Y · 2^a`` (``Y`` a 24-bit integer), the float32
+    result's significand is ``Y · 2^s / 3`` for ``s`` in {1, 2}, whose fraction is 0, 1/3 or 2/3: never
+    within 1/6 of a float32 ulp of a rounding midpoint, while the float64 product lies within 2^-28 ulp of
+    ``y / 6E`` (two roundings of 2^-53). So both round to the same float32 wherever ``B_m`` is a normal
+    float32, which :func:`fast_rows` guarantees; ``y = 0`` gives 0 both ways. Checked against float32
+    division on every significand by tests/kernels/test_quantize_arithmetic.py.
+    """
+    tl.static_assert(C == 1536.0, "the float64 quotient is proven for 6E = 1536 (E = 256, as 4/6 uses)")
+    inverse = tl.full(sf.shape, 1.0 / C, tl.float64)
+    b1 = ((sf * amax[:, None]).to(tl.float64) * inverse).to(tl.float32)
+    b15 = (((sf * 1.5) * amax[:, None]).to(tl.float64) * inverse).to(tl.float32)
     return b1, b15
 
 

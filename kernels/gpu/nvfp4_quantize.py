@@ -62,6 +62,23 @@ def e4m3_decode(byte):
 
 
 @triton.jit
+def e2m1_snap(v):
+    """The add that rounds ``min(|v|, 6)`` to the E2M1 grid (see :func:`e2m1_round`): ``(t, magic_bits)``,
+    float32 and int32 like ``v``, with ``t = M + min(|v|, 6)`` and ``magic_bits`` the bits of ``M``."""
+    mag = tl.minimum(tl.abs(v), 6.0)
+    magic_bits = tl.maximum(mag.to(tl.int32, bitcast=True) & 0x7F800000, 0x3F800000) + (22 << 23)  # 2^(22+e)
+    return mag + magic_bits.to(tl.float32, bitcast=True), magic_bits
+
+
+@triton.jit
+def e2m1_magnitude(v):
+    """The rounded magnitude of :func:`e2m1_round` without the code (float32, like ``v``): the 4/6 error
+    needs it for both candidates, the code only for the chosen one."""
+    t, magic_bits = e2m1_snap(v)
+    return t - magic_bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def e2m1_round(v):
     """E2M1 rounding of float32 ``v`` (any value but NaN): ``(code int32 0..15, rounded magnitude float32)``.
 
@@ -71,16 +88,12 @@ def e2m1_round(v):
     ``2^(e-1)`` (0.5 below 2, then 1, then 2), which is the float32 ulp of ``M = 2^(22+e)``: ``M + m``
     (one IEEE add, ``m < 2^(e+1) <= M``) rounds ``m`` to the grid with ties to the even multiple of the
     spacing, and the even multiples are exactly the even codes. The bits of ``M + m`` minus those of
-    ``M`` count spacings, ``k``; the code is ``k + 2e``. Checked against the 7-threshold definition on
-    every float32 by tests/kernels/test_quantize_arithmetic.py.
+    ``M`` count spacings, ``k``; the code is ``k + 2e``, and ``2e = (bits of M >> 22) - 298``. Checked
+    against the 7-threshold definition on every float32 by tests/kernels/test_quantize_arithmetic.py.
     """
-    mag = tl.minimum(tl.abs(v), 6.0)
-    exp_bits = tl.maximum(mag.to(tl.int32, bitcast=True) & 0x7F800000, 0x3F800000)  # 2^e
-    magic_bits = exp_bits + (22 << 23)
-    t = mag + magic_bits.to(tl.float32, bitcast=True)
-    code = (t.to(tl.int32, bitcast=True) - magic_bits) + ((exp_bits >> 22) - 254)
-    rounded = t - magic_bits.to(tl.float32, bitcast=True)
-    return code | tl.where(v < 0.0, 8, 0), rounded
+    t, magic_bits = e2m1_snap(v)
+    code = (t.to(tl.int32, bitcast=True) - magic_bits) + ((magic_bits >> 22) - 298)
+    return code | tl.where(v < 0.0, 8, 0), t - magic_bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -149,11 +162,10 @@ def _quantize_chunk(
         sf4, sf4_byte = e4m3_round(tl.minimum(base * 1.5, 448.0))
         enc = _encode_scale(sf, g[:, None])
         enc4 = _encode_scale(sf4, g[:, None])
-        codes_lo, r_lo = e2m1_round(x_lo * enc[:, :, None])
-        codes_hi, r_hi = e2m1_round(x_hi * enc[:, :, None])
-        codes4_lo, r4_lo = e2m1_round(x_lo * enc4[:, :, None])
-        codes4_hi, r4_hi = e2m1_round(x_hi * enc4[:, :, None])
-        words = (_pack8(codes_lo), _pack8(codes_hi), _pack8(codes4_lo), _pack8(codes4_hi))
+        r_lo = e2m1_magnitude(x_lo * enc[:, :, None])
+        r_hi = e2m1_magnitude(x_hi * enc[:, :, None])
+        r4_lo = e2m1_magnitude(x_lo * enc4[:, :, None])
+        r4_hi = e2m1_magnitude(x_hi * enc4[:, :, None])
         if fast:
             b1, b15 = fast_terms(sf, amax, E * 6.0)
             b1_4, b15_4 = fast_terms(sf4, amax, E * 6.0)
@@ -164,8 +176,9 @@ def _quantize_chunk(
             err4 = block_error_exact(r4_lo, r4_hi, x_lo, x_hi, sf4, amax, E * 6.0, MSE)
         to4 = err4 < err6  # ties keep map-to-6
         sf_byte = tl.where(to4, sf4_byte, sf_byte)
-        word_lo = tl.where(to4, words[2], words[0])
-        word_hi = tl.where(to4, words[3], words[1])
+        # only the chosen candidate is coded, rounded again from x below: cheaper than coding both, and
+        # keeping both candidates' roundings alive through the error sums would double the registers
+        enc = tl.where(to4, enc4, enc)
         if WRITE_CHOICE:
             tl.store(choice_ptr + rows[:, None] * KB + blocks[None, :], to4.to(tl.uint8), mask=block_ok)
     else:
@@ -173,13 +186,11 @@ def _quantize_chunk(
         multiplier = encode * ONE_SIXTH
         sf, sf_byte = e4m3_round(tl.minimum(bmax * multiplier[:, None], 448.0))
         enc = _encode_scale(sf, g[:, None])
-        codes_lo, _ = e2m1_round(x_lo * enc[:, :, None])
-        codes_hi, _ = e2m1_round(x_hi * enc[:, :, None])
-        word_lo = _pack8(codes_lo)
-        word_hi = _pack8(codes_hi)
+    codes_lo, _ = e2m1_round(x_lo * enc[:, :, None])
+    codes_hi, _ = e2m1_round(x_hi * enc[:, :, None])
     # codes_ptr is int32: two words (16 codes) per block
     word_offs = (rows[:, None] * (KB * 2) + blocks[None, :] * 2)[:, :, None] + tl.arange(0, 2)[None, None, :]
-    tl.store(codes_ptr + word_offs, tl.join(word_lo, word_hi), mask=block_ok[:, :, None])
+    tl.store(codes_ptr + word_offs, tl.join(_pack8(codes_lo), _pack8(codes_hi)), mask=block_ok[:, :, None])
     tl.store(scales_ptr + rows[:, None] * KB + blocks[None, :], sf_byte, mask=block_ok)
 
 

@@ -1,8 +1,8 @@
 """The NVFP4 quantise kernel's own arithmetic against the spec's definitions (docs/design.md §2.1, §2.3).
 
 The kernel rounds to E2M1 with a magic-number add instead of seven threshold compares, and computes the
-4/6 error's per-element ``d`` once per grid magnitude or from two per-block divisions instead of one
-division per element (kernels/gpu/nvfp4_quantize.py and nvfp4_four_over_six.py prove them). These tests
+4/6 error's per-element ``d`` once per grid magnitude or from two float64 products per block instead of
+one division per element (kernels/gpu/nvfp4_quantize.py and nvfp4_four_over_six.py prove them). These tests
 run the kernel's own ``@triton.jit`` functions through probe kernels — under the Triton interpreter on the
 CPU, compiled on a GPU — on every float32 near the E2M1 grid, and on blocks spanning the whole float32
 range of scales and amax.
@@ -73,6 +73,17 @@ def _error_probe(
     tl.store(ok_ptr + blocks, ok.to(tl.int8))
 
 
+@triton.jit
+def _fast_terms_probe(y_ptr, b1_ptr, b15_ptr, N, BLOCK: tl.constexpr):
+    """``fast_terms`` with ``sf = 1`` and ``amax = y``: ``fl(y / 1536)`` and ``fl(fl(1.5 · y) / 1536)``."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < N
+    y = tl.load(y_ptr + offs, mask=ok, other=0.0)
+    b1, b15 = fast_terms(tl.full((BLOCK, 1), 1.0, tl.float32), y, 1536.0)
+    tl.store(b1_ptr + offs[:, None], b1, mask=ok[:, None])
+    tl.store(b15_ptr + offs[:, None], b15, mask=ok[:, None])
+
+
 def _run_e2m1(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     v = v.to(DEVICE)
     code = torch.empty(v.shape, dtype=torch.int32, device=DEVICE)
@@ -108,6 +119,23 @@ def test_e2m1_round_below_2e_minus_8_above_8_and_special_values():
     edges = edges[(edges & 0x7FFFFFFF) <= 0x7F800000]  # no NaN: the quantiser rejects it
     bits = np.concatenate([small, large, edges])
     _check_e2m1(np.concatenate([bits, bits | np.uint32(1 << 31)]))
+
+
+def test_fast_terms_float64_quotient_equals_float32_division_on_every_significand():
+    """``fast_terms`` divides by 6E = 1536 through a float64 product; the proof (its docstring) says only
+    the significand matters while the quotient is a normal float32. Every one of the 2^23 significands at
+    three exponents (the lowest ``y`` whose quotient :func:`fast_rows` admits, 1, and the largest), against
+    IEEE float32 division."""
+    significands = np.arange(1 << 23, dtype=np.uint32)
+    for exponent in (127 - 113, 127, 127 + 116):
+        y = torch.from_numpy((significands | np.uint32(exponent << 23)).view(np.float32))
+        b1, b15 = (torch.empty_like(y, device=DEVICE) for _ in range(2))
+        _fast_terms_probe[(triton.cdiv(y.numel(), PROBE),)](
+            y.to(DEVICE), b1, b15, y.numel(), BLOCK=PROBE, enable_fp_fusion=False
+        )  # fmt: skip
+        binade = f"y in [2^{exponent - 127}, 2^{exponent - 126})"
+        assert_same_bits(y / 1536.0, b1.cpu(), f"fl(y / 1536), {binade}")
+        assert_same_bits((y * 1.5) / 1536.0, b15.cpu(), f"fl(1.5 y / 1536), {binade}")
 
 
 def _e4m3_values() -> torch.Tensor:
