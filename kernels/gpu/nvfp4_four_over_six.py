@@ -117,8 +117,8 @@ def fast_terms(sf, amax, C: tl.constexpr):
 
     The quotient is taken as ``fl32(fl64(y · fl64(1 / 6E)))`` — one float64 product instead of a float32
     division. With ``6E = 1536 = 3 · 2^9`` and ``y = Y · 2^a`` (``Y`` a 24-bit integer), the float32
-    result's significand is ``Y · 2^s / 3`` for ``s`` in {1, 2}, whose fraction is 0, 1/3 or 2/3: never
-    within 1/6 of a float32 ulp of a rounding midpoint, while the float64 product lies within 2^-28 ulp of
+    result's significand is ``Y · 2^s / 3`` for ``s`` in {1, 2}, whose fraction is 0, 1/3 or 2/3: at least
+    1/6 of a float32 ulp from a rounding midpoint, while the float64 product lies within 2^-28 ulp of
     ``y / 6E`` (two roundings of 2^-53). So both round to the same float32 wherever ``B_m`` is a normal
     float32, which :func:`fast_rows` guarantees; ``y = 0`` gives 0 both ways. Checked against float32
     division on every significand by tests/kernels/test_quantize_arithmetic.py.

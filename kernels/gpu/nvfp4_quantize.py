@@ -26,9 +26,6 @@ from .nvfp4_four_over_six import block_error_exact, block_error_fast, fast_rows,
 
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
 ONE_SIXTH = tl.constexpr(0.1666666716337204)  # fl(1/6): the float32 nearest to 1/6, exact as a literal
-# Bounds of the blocks whose 4/6 error takes the per-block fast form (see _error_terms_fast)
-FAST_MIN = tl.constexpr(2.0**-124)
-FAST_MAX = tl.constexpr(2.0**124)
 
 
 @triton.jit

@@ -124,10 +124,10 @@ def test_e2m1_round_below_2e_minus_8_above_8_and_special_values():
 def test_fast_terms_float64_quotient_equals_float32_division_on_every_significand():
     """``fast_terms`` divides by 6E = 1536 through a float64 product; the proof (its docstring) says only
     the significand matters while the quotient is a normal float32. Every one of the 2^23 significands at
-    three exponents (the lowest ``y`` whose quotient :func:`fast_rows` admits, 1, and the largest), against
-    IEEE float32 division."""
+    three binades — [2^-114, 2^-113), which holds the lowest ``y`` :func:`fast_rows` admits (about
+    1.5 · 2^-114), [1, 2) and [2^123, 2^124), the largest — against IEEE float32 division."""
     significands = np.arange(1 << 23, dtype=np.uint32)
-    for exponent in (127 - 113, 127, 127 + 116):
+    for exponent in (127 - 114, 127, 127 + 123):
         y = torch.from_numpy((significands | np.uint32(exponent << 23)).view(np.float32))
         b1, b15 = (torch.empty_like(y, device=DEVICE) for _ in range(2))
         _fast_terms_probe[(triton.cdiv(y.numel(), PROBE),)](
