@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from nibble.kernels import nvfp4
-from nibble.kernels.codecs import e2m1_decode, e2m1_rne
+from nibble.kernels.codecs import e2m1_decode, e2m1_rne, pack_e2m1
 from tests.helpers import assert_same_bits, heavy_tailed
 
 triton = pytest.importorskip("triton", reason="the triton package is not installed")
@@ -27,19 +27,23 @@ from nibble.kernels.gpu.nvfp4_four_over_six import (  # noqa: E402
     fast_terms,
     sum16_in_order,
 )
-from nibble.kernels.gpu.nvfp4_quantize import e2m1_round, e2m1_value  # noqa: E402
+from nibble.kernels.gpu.nvfp4_quantize import code_word, e2m1_magnitude, e2m1_round, e2m1_value  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PROBE = 1 << 16
 
 
 @triton.jit
-def _e2m1_probe(v_ptr, code_ptr, rounded_ptr, N, BLOCK: tl.constexpr):
+def _e2m1_probe(v_ptr, code_ptr, rounded_ptr, word_ptr, BLOCK: tl.constexpr):
+    """``e2m1_round`` per element, and the 4/6 path's ``code_word`` of each 8 (from ``e2m1_magnitude``)."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < N
-    code, rounded = e2m1_round(tl.load(v_ptr + offs, mask=ok, other=0.0))
-    tl.store(code_ptr + offs, code, mask=ok)
-    tl.store(rounded_ptr + offs, rounded, mask=ok)
+    v = tl.load(v_ptr + offs)
+    code, rounded = e2m1_round(v)
+    tl.store(code_ptr + offs, code)
+    tl.store(rounded_ptr + offs, rounded)
+    eights = tl.reshape(v, (BLOCK // 8, 1, 8))
+    words = tl.program_id(0) * (BLOCK // 8) + tl.arange(0, BLOCK // 8)
+    tl.store(word_ptr + words[:, None], code_word(e2m1_magnitude(eights), eights))
 
 
 @triton.jit
@@ -84,21 +88,26 @@ def _fast_terms_probe(y_ptr, b1_ptr, b15_ptr, N, BLOCK: tl.constexpr):
     tl.store(b15_ptr + offs[:, None], b15, mask=ok[:, None])
 
 
-def _run_e2m1(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    v = v.to(DEVICE)
+def _run_e2m1(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    v = torch.nn.functional.pad(v, (0, -v.numel() % PROBE)).to(DEVICE)  # whole probes: zeros appended
     code = torch.empty(v.shape, dtype=torch.int32, device=DEVICE)
     rounded = torch.empty(v.shape, dtype=torch.float32, device=DEVICE)
-    _e2m1_probe[(triton.cdiv(v.numel(), PROBE),)](v, code, rounded, v.numel(), BLOCK=PROBE, enable_fp_fusion=False)
-    return code.cpu(), rounded.cpu()
+    words = torch.empty(v.numel() // 8, dtype=torch.int32, device=DEVICE)
+    _e2m1_probe[(v.numel() // PROBE,)](v, code, rounded, words, BLOCK=PROBE, enable_fp_fusion=False)
+    return code.cpu(), rounded.cpu(), words.cpu()
 
 
 def _check_e2m1(bits: np.ndarray) -> None:
     v = torch.from_numpy(bits.view(np.float32))
-    code, rounded = _run_e2m1(v)
+    code, rounded, words = _run_e2m1(v)
     want = e2m1_rne(v)
-    bad = code != want.to(torch.int32)
+    n = v.numel()
+    bad = code[:n] != want.to(torch.int32)
     assert not bad.any(), f"{int(bad.sum())} codes differ, first at {v[bad][:4].tolist()}"
-    assert_same_bits(e2m1_decode(want).abs(), rounded, "rounded magnitude")
+    assert_same_bits(e2m1_decode(want).abs(), rounded[:n], "rounded magnitude")
+    # the word layout of the kernel's codes (little-endian bytes of pack_e2m1), padding coded as +0
+    packed = pack_e2m1(torch.nn.functional.pad(want, (0, code.numel() - n)))
+    assert_same_bits(packed.view(torch.int32), words, "code_word from the rounded magnitude")
 
 
 @pytest.mark.parametrize("sign", [0, 1])
