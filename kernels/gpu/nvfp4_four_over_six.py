@@ -12,7 +12,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _unpack8(t):
+def unpack8(t):
     """The 8 slices ``t[..., 0], ..., t[..., 7]`` of ``t [BM, NB, 8]`` (registers of one thread: free)."""
     even, odd = tl.split(tl.reshape(t, (t.shape[0], t.shape[1], 4, 2)))  # 0,2,4,6 and 1,3,5,7
     e0, e1 = tl.split(tl.reshape(even, (t.shape[0], t.shape[1], 2, 2)))  # 0,4 and 2,6
@@ -27,8 +27,8 @@ def _unpack8(t):
 @triton.jit
 def sum16_in_order(lo, hi):
     """``t[0] + t[1] + ... + t[15]`` over the halves ``lo, hi [BM, NB, 8]``, one rounding per add, in order."""
-    x0, x1, x2, x3, x4, x5, x6, x7 = _unpack8(lo)
-    y0, y1, y2, y3, y4, y5, y6, y7 = _unpack8(hi)
+    x0, x1, x2, x3, x4, x5, x6, x7 = unpack8(lo)
+    y0, y1, y2, y3, y4, y5, y6, y7 = unpack8(hi)
     s = x0 + x1
     s = s + x2
     s = s + x3

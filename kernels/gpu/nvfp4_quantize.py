@@ -13,8 +13,9 @@ contraction off (``enable_fp_fusion=False``) so ``a * b + c`` is never an FMA; t
 added element by element in index order; E4M3 and E2M1 rounding are done with integer and exact float32
 arithmetic on the bits rather than conversion instructions, so the Triton interpreter (used by the CPU
 tests) and every GPU round identically. Where a step is computed in another form than the spec's
-(E2M1 rounding here, the 4/6 error in :mod:`.nvfp4_four_over_six`), its docstring proves it gives the
-same bits and tests/kernels/test_quantize_arithmetic.py checks it (E2M1 on every float32 near the grid).
+(E2M1 rounding and the 4/6 path's codes from the grid magnitude here, the 4/6 error in
+:mod:`.nvfp4_four_over_six`), its docstring proves it gives the same bits and
+tests/kernels/test_quantize_arithmetic.py checks it (E2M1 and its codes on every float32 near the grid).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .nvfp4_four_over_six import _unpack8, block_error_exact, block_error_fast, fast_rows, fast_terms
+from .nvfp4_four_over_six import block_error_exact, block_error_fast, fast_rows, fast_terms, unpack8
 
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
 ONE_SIXTH = tl.constexpr(0.1666666716337204)  # fl(1/6): the float32 nearest to 1/6, exact as a literal
@@ -70,7 +71,7 @@ def e2m1_snap(v):
 @triton.jit
 def e2m1_magnitude(v):
     """The rounded magnitude of :func:`e2m1_round` without the code (float32, like ``v``): the 4/6 error
-    needs it for both candidates, the code only for the chosen one."""
+    needs it for both candidates, and :func:`code_word` codes the chosen one from it."""
     t, magic_bits = e2m1_snap(v)
     return t - magic_bits.to(tl.float32, bitcast=True)
 
@@ -94,20 +95,21 @@ def e2m1_round(v):
 
 
 @triton.jit
-def _code_nibble(r, v, I: tl.constexpr):
-    """Code ``I`` of a word (bits ``4I..4I+3``) from its rounded magnitude ``r = e2m1_magnitude(v)`` and ``v``.
+def _code_nibble(r, v, SLOT: tl.constexpr):
+    """Code ``SLOT`` of a word (bits ``4·SLOT..4·SLOT+3``) from its rounded magnitude ``r = e2m1_magnitude(v)``
+    and ``v``.
 
-    ``r + 2`` is exact on the grid and maps 0, 0.5, 1, 1.5 | 2, 3 | 4 | 6 into [2, 4) in steps of 0.5,
-    [4, 8) in steps of 1, and 8: each step is 2^21 in the bits and no bit below 2^21 is set, so bits
-    21-23 of ``min(bits(r + 2), bits(7))`` are the magnitude code (6 lands on 8, capped at the code 7),
-    shifted straight to their place; the sign bit is that of :func:`e2m1_round`.
+    On the grid ``r + 2`` is exact: 0, 0.5, 1, 1.5 → 2, 2.5, 3, 3.5 (exponent 128, whose low bit, bit 23,
+    is 0), 2, 3, 4 → 4, 5, 6 (exponent 129, bit 23 set) and 6 → 8. Each code step is 2^21 in the bits and
+    no bit below 2^21 is set, so bits 21-23 of ``min(bits(r + 2), bits(7))`` are the magnitude code (6's 8
+    capped at 7), shifted straight to their place; the sign bit is that of :func:`e2m1_round`.
     """
     bits = tl.minimum((r + 2.0).to(tl.int32, bitcast=True), 0x40E00000)
-    if 4 * I >= 21:
-        magnitude = (bits << (4 * I - 21)) & (7 << (4 * I))
+    if 4 * SLOT >= 21:
+        magnitude = (bits << (4 * SLOT - 21)) & (7 << (4 * SLOT))
     else:
-        magnitude = (bits >> (21 - 4 * I)) & (7 << (4 * I))
-    sign = (8 << (4 * I)) if I < 7 else -2147483648  # bit 31, as an int32
+        magnitude = (bits >> (21 - 4 * SLOT)) & (7 << (4 * SLOT))
+    sign = (8 << (4 * SLOT)) if SLOT < 7 else -2147483648  # bit 31, as an int32
     return magnitude | tl.where(v < 0.0, sign, 0)
 
 
@@ -120,8 +122,8 @@ def code_word(r, v):
     per element against 51.1 re-rounding it from ``x``); the standard path, which has no ``r`` to reuse, is
     cheaper through :func:`e2m1_round` and :func:`_pack8` (18.6 against 19.9).
     """
-    r0, r1, r2, r3, r4, r5, r6, r7 = _unpack8(r)
-    v0, v1, v2, v3, v4, v5, v6, v7 = _unpack8(v)
+    r0, r1, r2, r3, r4, r5, r6, r7 = unpack8(r)
+    v0, v1, v2, v3, v4, v5, v6, v7 = unpack8(v)
     word = _code_nibble(r0, v0, 0) | _code_nibble(r1, v1, 1) | _code_nibble(r2, v2, 2) | _code_nibble(r3, v3, 3)
     return word | _code_nibble(r4, v4, 4) | _code_nibble(r5, v5, 5) | _code_nibble(r6, v6, 6) | _code_nibble(r7, v7, 7)
 
@@ -207,6 +209,7 @@ def _quantize_chunk(
         to4 = err4 < err6  # ties keep map-to-6
         sf_byte = tl.where(to4, sf4_byte, sf_byte)
         enc = tl.where(to4, enc4, enc)
+        # the sign from x · enc, not x: a product that underflows to -0 codes as +0, as in e2m1_round
         word_lo = code_word(tl.where(to4[:, :, None], r4_lo, r_lo), x_lo * enc[:, :, None])
         word_hi = code_word(tl.where(to4[:, :, None], r4_hi, r_hi), x_hi * enc[:, :, None])
         if WRITE_CHOICE:

@@ -1,8 +1,9 @@
 """The NVFP4 quantise kernel's own arithmetic against the spec's definitions (docs/design.md §2.1, §2.3).
 
-The kernel rounds to E2M1 with a magic-number add instead of seven threshold compares, and computes the
-4/6 error's per-element ``d`` once per grid magnitude or from two float64 products per block instead of
-one division per element (kernels/gpu/nvfp4_quantize.py and nvfp4_four_over_six.py prove them). These tests
+The kernel rounds to E2M1 with a magic-number add instead of seven threshold compares, codes the 4/6
+path's chosen candidate from its rounded magnitude (``code_word``), and computes the 4/6 error's
+per-element ``d`` once per grid magnitude or from two float64 products per block instead of one division
+per element (kernels/gpu/nvfp4_quantize.py and nvfp4_four_over_six.py prove them). These tests
 run the kernel's own ``@triton.jit`` functions through probe kernels — under the Triton interpreter on the
 CPU, compiled on a GPU — on every float32 near the E2M1 grid, and on blocks spanning the whole float32
 range of scales and amax.
