@@ -70,15 +70,15 @@ def e2m1_snap(v):
 
 @triton.jit
 def e2m1_magnitude(v):
-    """The rounded magnitude of :func:`e2m1_round` without the code (float32, like ``v``): the 4/6 error
-    needs it for both candidates, and :func:`code_word` codes the chosen one from it."""
+    """The magnitude :func:`e2m1_round` rounds ``v`` to, ``|e2m1_value(code)|`` (float32, like ``v``): the 4/6
+    error needs it for both candidates, and :func:`code_word` codes the chosen one from it."""
     t, magic_bits = e2m1_snap(v)
     return t - magic_bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def e2m1_round(v):
-    """E2M1 rounding of float32 ``v`` (any value but NaN): ``(code int32 0..15, rounded magnitude float32)``.
+    """E2M1 rounding of float32 ``v`` (any value but NaN) to its code (int32 0..15, like ``v``).
 
     The code is the nearest grid point of ``clamp(v, -6, 6)``, ties to the even code, sign bit set for
     ``v < 0`` (an exact −0.0 codes as +0, as in Transformer Engine): docs/design.md §2.1. With
@@ -91,7 +91,7 @@ def e2m1_round(v):
     """
     t, magic_bits = e2m1_snap(v)
     code = (t.to(tl.int32, bitcast=True) - magic_bits) + ((magic_bits >> 22) - 298)
-    return code | tl.where(v < 0.0, 8, 0), t - magic_bits.to(tl.float32, bitcast=True)
+    return code | tl.where(v < 0.0, 8, 0)
 
 
 @triton.jit
@@ -219,8 +219,8 @@ def _quantize_chunk(
         multiplier = encode * ONE_SIXTH
         sf, sf_byte = e4m3_round(tl.minimum(bmax * multiplier[:, None], 448.0))
         enc = _encode_scale(sf, g[:, None])
-        codes_lo, _ = e2m1_round(x_lo * enc[:, :, None])
-        codes_hi, _ = e2m1_round(x_hi * enc[:, :, None])
+        codes_lo = e2m1_round(x_lo * enc[:, :, None])
+        codes_hi = e2m1_round(x_hi * enc[:, :, None])
         word_lo = _pack8(codes_lo)
         word_hi = _pack8(codes_hi)
     # codes_ptr is int32: two words (16 codes) per block

@@ -36,12 +36,11 @@ PROBE = 1 << 16
 
 @triton.jit
 def _e2m1_probe(v_ptr, code_ptr, rounded_ptr, word_ptr, BLOCK: tl.constexpr):
-    """``e2m1_round`` per element, and the 4/6 path's ``code_word`` of each 8 (from ``e2m1_magnitude``)."""
+    """``e2m1_round`` and ``e2m1_magnitude`` per element, and the 4/6 path's ``code_word`` of each 8."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     v = tl.load(v_ptr + offs)
-    code, rounded = e2m1_round(v)
-    tl.store(code_ptr + offs, code)
-    tl.store(rounded_ptr + offs, rounded)
+    tl.store(code_ptr + offs, e2m1_round(v))
+    tl.store(rounded_ptr + offs, e2m1_magnitude(v))
     eights = tl.reshape(v, (BLOCK // 8, 1, 8))
     words = tl.program_id(0) * (BLOCK // 8) + tl.arange(0, BLOCK // 8)
     tl.store(word_ptr + words[:, None], code_word(e2m1_magnitude(eights), eights))
@@ -61,8 +60,8 @@ def _error_probe(
     enc = tl.load(enc_ptr + blocks)[:, None]
     sf = tl.load(sf_ptr + blocks)[:, None]
     amax = tl.load(amax_ptr + blocks)
-    c_lo, r_lo = e2m1_round(x_lo * enc[:, :, None])
-    c_hi, r_hi = e2m1_round(x_hi * enc[:, :, None])
+    c_lo, r_lo = e2m1_round(x_lo * enc[:, :, None]), e2m1_magnitude(x_lo * enc[:, :, None])
+    c_hi, r_hi = e2m1_round(x_hi * enc[:, :, None]), e2m1_magnitude(x_hi * enc[:, :, None])
     six_e = tl.full(x_lo.shape, 1536.0, tl.float32)
     d_lo = tl.div_rn((e2m1_value(c_lo) * sf[:, :, None]) * amax[:, None, None], six_e)
     d_hi = tl.div_rn((e2m1_value(c_hi) * sf[:, :, None]) * amax[:, None, None], six_e)
