@@ -8,7 +8,10 @@ registers and the instructions of each loop body divided by the elements a threa
 4/6 loop holds both error forms; the fast form alone is what ordinary rows run (the exact one is for rows
 beyond about 2^±100), so ``--fast-only`` compiles a copy of the module whose branch always takes it.
 
-    python -m benchmarks.quantize_sass [--dtype bf16|fp16|fp32] [--launch 1024 2] [--fast-only]
+    python -m benchmarks.quantize_sass [--dtype bf16|fp16|fp32] [--launch 1024 2] [--fast-only] [--maxnreg 72]
+
+``--maxnreg`` caps the registers as Triton's launch option of that name would (what does not fit is spilled:
+``STACK`` in the resource line, the loop's ``STL``/``LDL`` counts after its opcodes).
 """
 
 from __future__ import annotations
@@ -54,8 +57,11 @@ def kernel_module(fast_only: bool):
     return module
 
 
-def compile_sass(module, dtype: str, four_over_six: bool, chunk_elements: int, warps: int) -> tuple[str, str]:
-    """(SASS text, resource line) of the per-token kernel for rows of ``K`` elements."""
+def compile_sass(
+    module, dtype: str, four_over_six: bool, chunk_elements: int, warps: int, maxnreg: int | None = None
+) -> tuple[str, str]:
+    """(SASS text, resource line) of the per-token kernel for rows of ``K`` elements, registers capped at
+    ``maxnreg`` if given."""
     kernel = module.nvfp4_quantize_kernel
     kb = K // 16
     block_m, chunk = gpu_nvfp4._tile(kb, chunk_elements)
@@ -74,9 +80,8 @@ def compile_sass(module, dtype: str, four_over_six: bool, chunk_elements: int, w
         constexprs={(kernel.arg_names.index(n),): v for n, v in consts.items()},
         attrs=attrs,
     )
-    compiled = triton.compile(
-        source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "enable_fp_fusion": False}
-    )
+    options = {"num_warps": warps, "enable_fp_fusion": False} | ({"maxnreg": maxnreg} if maxnreg else {})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(compiled.asm["cubin"])
         cubin.flush()
@@ -110,17 +115,19 @@ def main() -> None:
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     parser.add_argument("--launch", type=int, nargs=2, default=None, metavar=("CHUNK_ELEMENTS", "WARPS"))
     parser.add_argument("--fast-only", action="store_true")
+    parser.add_argument("--maxnreg", type=int, default=None, help="cap the registers per thread")
     args = parser.parse_args()
     module = kernel_module(args.fast_only)
     for four_over_six in (False, True):
         chunk_elements, warps = args.launch or gpu_nvfp4.LAUNCH[four_over_six]
-        sass, usage = compile_sass(module, args.dtype, four_over_six, chunk_elements, warps)
+        sass, usage = compile_sass(module, args.dtype, four_over_six, chunk_elements, warps, args.maxnreg)
         block_m, chunk = gpu_nvfp4._tile(K // 16, chunk_elements)
         per_thread = block_m * chunk * 16 / (32 * warps)
         print(f"{'four_over_six' if four_over_six else 'standard'} {args.dtype} ({chunk_elements}, {warps}): {usage}")
         for count, ops in loops(sass):
             top = ", ".join(f"{o} {n}" for o, n in ops.most_common(8))
-            print(f"  loop of {count} instructions: {count / per_thread:.1f} per element  [{top}]")
+            spills = f"; spills: STL {ops['STL']}, LDL {ops['LDL']}" if ops["STL"] or ops["LDL"] else ""
+            print(f"  loop of {count} instructions: {count / per_thread:.1f} per element  [{top}]{spills}")
 
 
 if __name__ == "__main__":
