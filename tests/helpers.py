@@ -317,12 +317,14 @@ def parity_inputs(dtype, max_rows: int | None = None):
 
 
 def assert_same_bits(cpu: torch.Tensor, cuda: torch.Tensor, what: str) -> None:
-    """Assert two tensors hold the same bits (float8/float32 compared as integers, so -0.0 != +0.0)."""
+    """Assert two tensors of one shape and dtype hold the same bits (floating point compared as integers
+    of its width, so -0.0 != +0.0 and NaN payloads count)."""
     cuda = cuda.cpu()
-    if cpu.dtype.is_floating_point and cpu.element_size() == 1:
-        cpu, cuda = cpu.view(torch.uint8), cuda.view(torch.uint8)
-    elif cpu.dtype == torch.float32:
-        cpu, cuda = cpu.view(torch.int32), cuda.view(torch.int32)
+    assert cpu.shape == cuda.shape, f"{what}: shapes differ, {tuple(cpu.shape)} against {tuple(cuda.shape)}"
+    assert cpu.dtype == cuda.dtype, f"{what}: dtypes differ, {cpu.dtype} against {cuda.dtype}"
+    if cpu.dtype.is_floating_point:
+        as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[cpu.element_size()]
+        cpu, cuda = cpu.contiguous().view(as_int), cuda.contiguous().view(as_int)
     mismatches = int((cpu != cuda).sum())
     assert mismatches == 0, f"{what}: {mismatches} of {cpu.numel()} differ"
 
