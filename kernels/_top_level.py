@@ -14,24 +14,26 @@ import types
 from importlib import machinery, util
 from pathlib import Path
 
-_ROOT = Path(__file__).resolve().parent.parent
-
 
 def _elsewhere(entry: str) -> bool:
+    """Whether ``entry`` may hold the distribution: not this root, nor another Nibble checkout's (two checkouts
+    on ``sys.path`` would otherwise hand the name to each other without end)."""
     try:
-        return Path(entry or ".").resolve() != _ROOT
-    except OSError:
-        return True
+        return not (Path(entry or ".") / "kernels" / "_top_level.py").exists()
+    except (OSError, TypeError):
+        return False
 
 
 def hand_over() -> None:
     """Replace ``sys.modules["kernels"]`` (this folder, being imported) by the module of that name found on
-    ``sys.path`` without the repository root, or by an empty stand-in; the import statement in progress
+    ``sys.path`` outside every Nibble checkout, or by an empty stand-in; the import statement in progress
     returns the replacement. Raises what the distribution's own ``__init__`` raises."""
     spec = machinery.PathFinder.find_spec("kernels", [entry for entry in sys.path if _elsewhere(entry)])
     sys.modules.pop("kernels._top_level", None)
     if spec is None:
-        sys.modules["kernels"] = types.ModuleType("kernels", "stand-in: no 'kernels' distribution is installed")
+        stand_in = types.ModuleType("kernels", "stand-in: no 'kernels' distribution is installed")
+        stand_in.__spec__ = machinery.ModuleSpec("kernels", None)  # so that importlib.util.find_spec still answers
+        sys.modules["kernels"] = stand_in
         return
     module = util.module_from_spec(spec)
     sys.modules["kernels"] = module

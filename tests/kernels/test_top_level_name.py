@@ -5,6 +5,7 @@ and the folder is importable as a top-level ``kernels``; transformers >= 5.25 im
 ``kernels`` at ``from transformers import PreTrainedModel``. Each check runs a fresh interpreter from the root.
 """
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -13,7 +14,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def python(code: str, *flags: str, env: dict | None = None) -> str:
+def python(code: str, *flags: str, pythonpath: Path | None = None) -> str:
+    # the root first on sys.path, as pytest and `python -m` put it: no PYTHONSAFEPATH, no inherited PYTHONPATH
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONSAFEPATH", "PYTHONPATH")}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
     done = subprocess.run(
         [sys.executable, *flags, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True, text=True, env=env
     )
@@ -37,7 +42,7 @@ def test_a_top_level_kernels_import_gets_the_installed_distribution(tmp_path):
         import nibble.kernels
         print(kernels.WHOSE, kernels.__file__, nibble.kernels.NVFP4Tensor.__module__)
         """,
-        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+        pythonpath=site,
     )
     whose, where, ours = out.rsplit(" ", 2)
     assert whose == "the distribution" and Path(where) == site / "kernels" / "__init__.py"
@@ -46,6 +51,19 @@ def test_a_top_level_kernels_import_gets_the_installed_distribution(tmp_path):
 
 def test_without_the_distribution_the_name_is_an_empty_stand_in():
     # -S: no site-packages, so no kernels distribution (and no Nibble install: only the root's folder)
-    code = "import kernels; print(hasattr(kernels, '__file__'), hasattr(kernels, 'nvfp4'), kernels.__doc__)"
+    code = """
+        import importlib.util, kernels
+        print(hasattr(kernels, '__file__'), hasattr(kernels, 'nvfp4'), importlib.util.find_spec('kernels').origin)
+        print(kernels.__doc__)
+        """
     out = python(code, "-S")
-    assert out.split()[:3] == ["False", "False", "stand-in:"]
+    assert out.split()[:4] == ["False", "False", "None", "stand-in:"]
+
+
+def test_a_second_checkout_on_the_path_is_passed_over(tmp_path):
+    other = tmp_path / "other_checkout" / "kernels"
+    other.mkdir(parents=True)
+    for name in ("__init__.py", "_top_level.py"):
+        (other / name).write_text((ROOT / "kernels" / name).read_text())
+    out = python("import kernels; print(kernels.__doc__)", "-S", pythonpath=other.parent)
+    assert out.startswith("stand-in:")
