@@ -27,7 +27,7 @@ from pathlib import Path
 from statistics import fmean
 from tempfile import TemporaryDirectory
 
-from benchmarks.machine import describe
+from benchmarks.machine import describe, write_record
 from nibble.analysis.run_report import read_lines, summarize
 from nibble.config import RunConfig, load
 from nibble.launcher import launch
@@ -113,8 +113,7 @@ def main() -> None:
         "runs": runs,
     }
     print(f"async (max_staleness 2) is {result['speedup_async_over_sync']:.2f}x faster than sync (target {TARGET}x)")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_record(args.out, result)
 
 
 def speedup(runs: list[dict], samplers: int) -> float | None:

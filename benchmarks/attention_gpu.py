@@ -16,7 +16,6 @@ run is recorded with its error and the rest go on. Run on the GPU machine (about
 from __future__ import annotations
 
 import argparse
-import json
 import time
 import traceback
 from pathlib import Path
@@ -25,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.kernels_gpu import copies_for, graph_time
-from benchmarks.machine import describe
+from benchmarks.machine import describe, write_record
 from nibble.recipe import compute
 from nibble.recipe.compute import AttentionMask
 
@@ -160,8 +159,7 @@ def main() -> None:
     result["failed"] = failed
     print(f"failed or not bit-identical: {failed or 'none'}")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        write_record(args.out, result)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from statistics import fmean
 
-from benchmarks.machine import describe
+from benchmarks.machine import describe, write_record
 
 ROOT = Path(__file__).resolve().parents[1]
 NIBBLE = str(Path(sys.executable).with_name("nibble"))
@@ -85,9 +85,8 @@ def main(argv: list[str] | None = None) -> None:
         "max_seconds_to_exit": max(r["seconds_to_exit"] for r in runs),
         "runs": runs,
     }
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
+    write_record(args.out, record)
     print(f"Ctrl-C to exit: mean {record['mean_seconds_to_exit']:.1f} s, max {record['max_seconds_to_exit']:.1f} s")
-    print(f"recorded in {args.out}")
 
 
 if __name__ == "__main__":

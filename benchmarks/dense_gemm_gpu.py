@@ -15,14 +15,13 @@ the largest product (row invariance). Times are CUDA-graph replays with a cold L
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from benchmarks.kernels_gpu import copies_for, graph_time
-from benchmarks.machine import describe
+from benchmarks.machine import describe, write_record
 from nibble.kernels.gpu import dense_gemm, row_invariance
 
 # (N, K): LM head, q_proj, k/v_proj, o_proj, router of Qwen3-30B-A3B (hidden 2048)
@@ -98,8 +97,7 @@ def main() -> None:
     for n, k in SHAPES:
         result["rows"] += bench_shape(n, k, args.tiles)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        write_record(args.out, result)
 
 
 if __name__ == "__main__":

@@ -10,13 +10,12 @@ per-token NVFP4 quantisation, ≥ 5 M elements/s with four-over-six.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import torch
 
-from benchmarks.machine import describe
+from benchmarks.machine import describe, write_record
 from nibble.kernels import mxfp8, nvfp4
 
 FLOORS = {"nvfp4_quantize_per_token": 15e6, "nvfp4_quantize_per_token_4o6_mse": 5e6}
@@ -67,9 +66,7 @@ def main() -> None:
         "machine": describe(),
         "results": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"recorded in {args.out}")
+    write_record(args.out, record)
 
 
 if __name__ == "__main__":

@@ -13,13 +13,12 @@ cold). Run on the GPU machine:
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 
 from benchmarks.kernels_gpu import copies_for, graph_time
-from benchmarks.machine import describe
+from benchmarks.machine import describe, write_record
 from nibble.kernels import gemm, nvfp4
 from nibble.kernels.gpu import gemm as gpu_gemm
 from nibble.kernels.gpu import grouped
@@ -192,9 +191,7 @@ def main() -> None:
             "grouped": min(result.get("crossover_rows_grouped_per_shape", [0])),
         }
         print(f"crossover (gemv up to these rows per weight, gemm beyond): {result['crossover_rows']}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    write_record(args.out, result)
 
 
 if __name__ == "__main__":

@@ -13,13 +13,12 @@ cold L2, beside cuBLAS bf16 (``benchmarks.kernels_gpu``'s method). Run on the GP
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 
 from benchmarks.kernels_gpu import copies_for, graph_time
-from benchmarks.machine import describe
+from benchmarks.machine import describe, write_record
 from nibble.kernels import nvfp4
 from nibble.kernels.gpu import gemm as gpu_gemm
 from nibble.kernels.gpu import row_invariance
@@ -83,8 +82,7 @@ def main() -> None:
     for n, k in SHAPES:
         result["rows"] += bench_shape(n, k)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        write_record(args.out, result)
 
 
 if __name__ == "__main__":

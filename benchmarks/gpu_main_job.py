@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.machine import describe
+from benchmarks.machine import describe, write_record
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {
@@ -108,10 +108,9 @@ def main() -> None:
         earlier = json.loads(args.out.read_text())
         if (earlier.get("config"), earlier.get("steps")) == (str(args.config), args.steps):
             record["runs"] = earlier["runs"]  # the same experiment run in parts: keep the parts done before
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     for name in args.variants:
         record["runs"][name] = run(name, args.config, VARIANTS[name], args.steps, args.runs) | {"machine": describe()}
-        args.out.write_text(json.dumps(record, indent=2) + "\n")  # each finished run is kept
+        write_record(args.out, record)  # each finished run is kept
     runs = record["runs"]
     if {"nvfp4_sync", "nvfp4_async"} <= set(runs):
         record["sync_over_async_wall_clock"] = runs["nvfp4_sync"]["wall_seconds"] / runs["nvfp4_async"]["wall_seconds"]
@@ -119,8 +118,7 @@ def main() -> None:
         record["nvfp4_over_bf16_sampler_tokens_per_second"] = (
             runs["nvfp4_async"]["sampler_tokens_per_second"] / runs["bf16_async"]["sampler_tokens_per_second"]
         )
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"recorded in {args.out}")
+    write_record(args.out, record)
 
 
 if __name__ == "__main__":

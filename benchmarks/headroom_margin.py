@@ -13,11 +13,10 @@ where no recipe plan short of the high-precision backward collapses in more than
 from __future__ import annotations
 
 import argparse
-import json
 import random
 from pathlib import Path
 
-from benchmarks.machine import describe
+from benchmarks.machine import describe, write_record
 from nibble.simulator import drift_model
 
 PLANS = {  # the spike laws of docs/design.md §7, by the NVFP4 plans that have them
@@ -72,8 +71,7 @@ def main() -> None:
     for plan, row in table.items():
         print(f"{plan}\n          " + "  ".join(f"{row[str(h)]:6.3f}" for h in HEADROOMS))
     print(f"smallest headroom with ≤ {args.tolerance:.0%} collapses for {GATING}: {record['margin']}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
+    write_record(args.out, record)
 
 
 if __name__ == "__main__":

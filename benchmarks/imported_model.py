@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.machine import describe
+from benchmarks.machine import describe, write_record
 from nibble.model import from_pretrained, load_config
 from nibble.model.generate import generate
 from nibble.recipe import PrecisionPlan
@@ -123,9 +123,7 @@ def main() -> None:
         record[name]["greedy_replies"] = dict(zip(QUESTIONS, texts, strict=True))
         show(record)
     record["machine"] = describe()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"recorded in {args.out}")
+    write_record(args.out, record)
 
 
 if __name__ == "__main__":

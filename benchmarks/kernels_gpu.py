@@ -10,14 +10,13 @@ of its weights/inputs totalling more than 200 MB (the H200's L2 holds 50 MB). Ru
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from benchmarks.machine import describe
+from benchmarks.machine import describe, write_record
 from nibble.kernels import gemm, nvfp4
 from nibble.kernels.gpu import gemm as gpu_gemm
 from nibble.kernels.tensors import NVFP4Tensor
@@ -257,9 +256,7 @@ def main() -> None:
         result["dense"] = bench_dense(8192, 7168) + bench_dense(4096, 4096)
     if "moe" not in args.skip:
         result["moe"] = [bench_moe(64, copy_bw), bench_moe(4096, copy_bw)]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    write_record(args.out, result)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -46,3 +49,17 @@ def mps_running() -> bool:
     run their kernels side by side instead of taking turns: step times under load depend on it."""
     pipes = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
     return os.path.exists(os.path.join(pipes, "control"))
+
+
+def write_record(path: Path, record: dict, indent: int = 2, default: Callable | None = None) -> None:
+    """Write a benchmark's ``record`` to ``path`` as JSON (creating its folder) and say where.
+
+    Args:
+        path: the results file; an existing one is replaced (callers that must not overwrite check first).
+        record: JSON-serialisable; ``default`` converts what ``json`` cannot (``str`` for paths, say).
+    Raises:
+        OSError: the folder cannot be created or the file written.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=indent, default=default) + "\n")
+    print(f"wrote {path}")

@@ -9,13 +9,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from pathlib import Path
 
 from benchmarks.arguments import integer_at_least
-from benchmarks.machine import describe
+from benchmarks.machine import describe, write_record
 from nibble.analysis.mismatch_report import as_json, measure, source_of
 
 
@@ -49,9 +48,7 @@ def main(argv: list[str] | None = None) -> None:
         "machine": describe(),
         "rows": as_json(rows),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"recorded in {args.out}")
+    write_record(args.out, record)
 
 
 if __name__ == "__main__":

@@ -15,14 +15,13 @@ trainer's, README "Policy model and precision plan"). Run on the GPU machine wit
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import torch
 
 from benchmarks.kernels_gpu import copies_for, graph_time
-from benchmarks.machine import describe
+from benchmarks.machine import describe, write_record
 from nibble.kernels import nvfp4
 from nibble.kernels.gpu import gemm as gpu_gemm
 from nibble.kernels.tensors import NVFP4Tensor
@@ -141,8 +140,7 @@ def main() -> None:
         "rows": rows,
     }
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        write_record(args.out, result)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.kernels_gpu import copies_for, copy_bandwidth, graph_time
-from benchmarks.machine import describe
+from benchmarks.machine import describe, write_record
 from nibble.kernels import nvfp4
 from nibble.kernels.gpu import nvfp4 as gpu_nvfp4
 
@@ -161,9 +161,7 @@ def main() -> None:
     print(f"SUMMARY 4/6 time ratio {ratio if ratio is None else round(ratio, 2)} (target <= 1.5); "
           f"best launches {summary['best_launch']}; all bit-identical: {summary['all_bit_identical']}")  # fmt: skip
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.out}")
+        write_record(args.out, result)
 
 
 if __name__ == "__main__":

@@ -18,13 +18,12 @@ rows (every row a fast row, so every variant gives the reference's bits, checked
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 
 from benchmarks.kernels_gpu import copies_for, graph_time
-from benchmarks.machine import describe
+from benchmarks.machine import describe, write_record
 from benchmarks.quantize_launch_gpu import same_as_reference
 from benchmarks.quantize_sass import kernel_module
 from nibble.kernels.gpu import nvfp4 as gpu_nvfp4
@@ -79,9 +78,7 @@ def main() -> None:
         gpu_nvfp4.nvfp4_quantize_kernel = launched
     result = {"machine": describe(), "command": "python -m benchmarks.quantize_registers_gpu", "rows": rows}
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.out}")
+        write_record(args.out, result)
 
 
 if __name__ == "__main__":

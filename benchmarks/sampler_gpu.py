@@ -21,14 +21,13 @@ NVFP4 (``--bf16-last-fraction 0``); the recipe keeps the last 7 of 48 layers in 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
 import torch
 
-from benchmarks.machine import describe
+from benchmarks.machine import describe, write_record
 from nibble.config import PlanConfig
 from nibble.kernels.gpu import grouped
 from nibble.model import MoETransformer, qwen3_30b_a3b_shaped
@@ -148,9 +147,7 @@ def main() -> None:
     result["speedup"] = {m: result["nvfp4"][m]["tokens_per_s"] / result["bf16"][m]["tokens_per_s"] for m in modes}
     result["target"] = {"graph_speedup": f">= {TARGET_SPEEDUP}", "met": result["speedup"]["graph"] >= TARGET_SPEEDUP}
     print("NVFP4 / BF16 decode tokens/s: " + "  ".join(f"{m} x{result['speedup'][m]:.2f}" for m in modes))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    write_record(args.out, result)
 
 
 if __name__ == "__main__":

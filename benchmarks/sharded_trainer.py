@@ -50,7 +50,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.machine import describe
+from benchmarks.machine import describe, write_record
 
 GPU_RESULTS = Path("benchmarks/results/h200x2_sharded_trainer_grouped.json")
 PEAK_FLOPS = {"cuda": 989e12}  # H200 SXM dense bf16 tensor-core peak (NVIDIA's datasheet: 1,979 with sparsity)
@@ -371,9 +371,7 @@ def main(argv: list[str] | None = None) -> None:
         "scaling_per_repeat": ratios,
         "runs": runs,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    print(f"wrote {args.out}")
+    write_record(args.out, result, default=str)
     losses = [x for run in runs.values() for repeats in run["repeats"].values() for r in repeats for x in r["losses"]]
     if not all(math.isfinite(x) for x in losses):
         raise SystemExit("a loss was not finite (the figures are recorded, but the run is not a valid benchmark)")

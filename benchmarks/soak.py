@@ -25,7 +25,7 @@ from pathlib import Path
 import redis
 import yaml
 
-from benchmarks.machine import describe
+from benchmarks.machine import describe, write_record
 from nibble.config import load
 from nibble.launcher import launch
 
@@ -138,8 +138,7 @@ def main() -> None:
         "passed": all(g is not None and g < TARGET_GROWTH for g in growths.values()),
         "samples": samples,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
+    write_record(args.out, record)
     for key, value in growths.items():
         print(f"{key:32s} {'-' if value is None else f'{100 * value:+.1f}%'}")
     verdict = "passed" if record["passed"] else "FAILED"

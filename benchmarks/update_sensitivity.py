@@ -26,7 +26,6 @@ the movement comes from (BF16's own run, the yardstick, always steps everything)
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -34,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.machine import describe
+from benchmarks.machine import describe, write_record
 from benchmarks.stability.results import check_writable
 from benchmarks.stability.setting import Setting, Source, from_config
 from benchmarks.stability.variants import VARIANTS, plan_for
@@ -203,8 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_seconds": time.time() - started,
         "variants": records,
     }
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"recorded {args.out}")
+    write_record(args.out, result, indent=1)
     return 0
 
 

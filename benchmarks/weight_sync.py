@@ -14,7 +14,6 @@ machine in benchmarks/results/weight_sync.json.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import re
@@ -28,7 +27,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from benchmarks.machine import describe
+from benchmarks.machine import describe, write_record
 from nibble.recipe import PrecisionPlan
 from nibble.transport.weights import GrpcWeightPublisher, GrpcWeightSubscriber
 
@@ -224,8 +223,7 @@ def main() -> None:
         "machine": describe(),
         "cases": cases,
     }
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_record(args.out, record)
 
 
 if __name__ == "__main__":

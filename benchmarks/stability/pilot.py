@@ -119,7 +119,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from benchmarks.machine import describe
+    from benchmarks.machine import describe, write_record
 
     parser = _parser()
     args = parser.parse_args(argv)
@@ -168,8 +168,7 @@ def main(argv: list[str] | None = None) -> None:
             "chosen": dataclasses.asdict(chosen) if chosen else None,
             "wall_seconds": time.time() - started,
         }
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(document, indent=1) + "\n")
+        write_record(args.out, document, indent=1)
         return chosen, verdicts
 
     context = multiprocessing.get_context("spawn")
@@ -195,7 +194,6 @@ def main(argv: list[str] | None = None) -> None:
     for point in points:
         print(f"lr {point.learning_rate:g} staleness {point.max_staleness}: {verdicts[point]}")
     print(f"chosen: {dataclasses.asdict(chosen) if chosen else 'none (no usable point)'}")
-    print(f"recorded {args.out}")
 
 
 if __name__ == "__main__":
