@@ -11,6 +11,12 @@
 // the activation's and the weight's global scales. That order depends on K alone, so a row gets the same
 // bits from either kernel here, from the Triton kernel and from the CPU reference, whatever the row count.
 //
+// gemm multiplies the weight's codes by their block scale s_b before the mma. gemv leaves the scale out: its
+// mma gives u_b = t_b / s_b, exact for the same reason, and one fma.rn(u_b, s_b, acc) adds the block; u_b * s_b
+// is exact (at most 20 bits, far inside float32's range), so the fma's single rounding of acc + u_b * s_b is
+// the add's rounding of acc + t_b. Same bits, fewer instructions where a decode feeds few tiles (faster for
+// gemv, slower for gemm's eight tiles: benchmarks/results/h200_fragment_ab.json).
+//
 // Weights are the mma's A operand (16 weight rows of one column group), activations the B operand (8 rows
 // per n8 tile). Two kernels:
 // - nvfp4_fragment_gemv (few rows, decode): one CTA per (NT x 8 activation rows, column group) for all of
@@ -70,18 +76,49 @@ __device__ __forceinline__ float mul_rn(float a, float b) {
     return d;
 }
 
-// Block j of a quad: the word's four operand registers as float16 pairs e2m1_value * 2^-14
-// (fragments.py REGISTER_BITS), times the block scales of the lane's two weight rows. Exact.
-__device__ __forceinline__ void decode(const Words& words, const Pair& scales, int j, u32 a[4]) {
+__device__ __forceinline__ float fma_rn(float a, float b, float c) {
+    float d;
+    asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(d) : "f"(a), "f"(b), "f"(c));
+    return d;
+}
+
+// One block's word as the mma's four operand registers: float16 pairs e2m1_value * 2^-14
+// (fragments.py REGISTER_BITS; e2m1 0.5 is the float16 subnormal 2^-15). Exact.
+__device__ __forceinline__ void decode(u32 w, u32 a[4]) {
     const u32 keep = 0x8E008E00u;
-    const u32 w = words.w[j];
+    a[0] = w & keep;
+    a[1] = (w << 3) & keep;
+    a[2] = ((w & 0x20072007u) * 516u) & keep;
+    a[3] = ((w & 0x40384038u) * 66u) & keep;
+}
+
+// The E4M3 block scales of block j of a quad for the lane's two weight rows (grp, grp + 8), as float32. Exact.
+__device__ __forceinline__ void block_scales(const Pair& scales, int j, float& row_low, float& row_high) {
+    const u32 both = j < 2 ? scales.lo : scales.hi;
+    const u32 s = e4m3x2_to_f16x2((j & 1) ? both >> 16 : both);
+    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %2;\n cvt.f32.f16 %0, lo;\n cvt.f32.f16 %1, hi;\n}"
+        : "=f"(row_low), "=f"(row_high)
+        : "r"(s));
+}
+
+// The operand registers times the block scales of their weight rows (gemm's form: its eight n8 tiles share
+// one decode, so the scales go into the operands once rather than into every tile's sums). Exact.
+__device__ __forceinline__ void scale_operands(u32 a[4], const Pair& scales, int j) {
     const u32 both = j < 2 ? scales.lo : scales.hi;
     const u32 s = e4m3x2_to_f16x2((j & 1) ? both >> 16 : both);
     const u32 s_low = prmt(s, 0x1010u), s_high = prmt(s, 0x3232u);
-    a[0] = hmul2(w & keep, s_low);
-    a[1] = hmul2((w << 3) & keep, s_high);
-    a[2] = hmul2(((w & 0x20072007u) * 516u) & keep, s_low);
-    a[3] = hmul2(((w & 0x40384038u) * 66u) & keep, s_high);
+    a[0] = hmul2(a[0], s_low);
+    a[1] = hmul2(a[1], s_high);
+    a[2] = hmul2(a[2], s_low);
+    a[3] = hmul2(a[3], s_high);
+}
+
+// acc += the block: the mma's D fragment (weight rows grp, grp + 8; two activation rows) times the rows' scales.
+__device__ __forceinline__ void add_block(float acc[4], const float d[4], float row_low, float row_high) {
+    acc[0] = fma_rn(d[0], row_low, acc[0]);
+    acc[1] = fma_rn(d[1], row_low, acc[1]);
+    acc[2] = fma_rn(d[2], row_high, acc[2]);
+    acc[3] = fma_rn(d[3], row_high, acc[3]);
 }
 
 #if OUT_BF16
@@ -193,13 +230,14 @@ extern "C" __global__ void __launch_bounds__(MAX_THREADS) nvfp4_fragment_gemv(
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
                     u32 a[4];
-                    decode(wq[qi], sq[qi], j, a);
+                    float row_low, row_high;
+                    decode(wq[qi].w[j], a);
+                    block_scales(sq[qi], j, row_low, row_high);
 #pragma unroll
                     for (int t = 0; t < NT; ++t) {
                         float d[4];
                         mma_zero(d, a, xq[t][j].lo, xq[t][j].hi);
-#pragma unroll
-                        for (int i = 0; i < 4; ++i) acc[t][i] = add_rn(acc[t][i], d[i]);
+                        add_block(acc[t], d, row_low, row_high);
                     }
                 }
             }
@@ -285,7 +323,8 @@ extern "C" __global__ void __launch_bounds__(MAX_THREADS) nvfp4_fragment_gemm(
 #pragma unroll
         for (int jb = 0; jb < 8; ++jb) {
             u32 a[4];
-            decode(wq[jb / 4], sq[jb / 4], jb % 4, a);
+            decode(wq[jb / 4].w[jb % 4], a);
+            scale_operands(a, sq[jb / 4], jb % 4);
 #pragma unroll
             for (int t = 0; t < 8; ++t) {
                 const Pair b = *(const Pair*)(staged + (t * 8 + grp) * X_STRIDE + jb * 32 + c * 8);

@@ -1,0 +1,157 @@
+"""Two versions of the CUDA fragment kernels (``kernels/gpu/fragment_gemm.cu``) side by side on the GPU: the
+working tree's and another source file (an earlier commit's, a variant being tried), through the same
+launch code. Each shape is timed for both, twice, interleaved (``a b a b``: the second pass of a run is
+often slower for both, so compare within a pass), beside cuBLAS bf16, and both versions' outputs are
+compared bit for bit (float32 and bf16 output, gemv and gemm). ``--sweep`` adds gemv's launch parameters
+for the working tree's kernel at decode sizes.
+
+Timed as benchmarks/kernels_gpu.py times (CUDA-graph replay, weights rotated through > 256 MB so L2 is
+cold). Run on the GPU machine, e.g. against the kernels of commit 56a5853:
+
+    git show 56a5853:kernels/gpu/fragment_gemm.cu > /tmp/before.cu
+    python -m benchmarks.fragment_kernel_ab_gpu --against /tmp/before.cu --out benchmarks/results/h200_fragment_ab.json
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from benchmarks.gemm_backends_gpu import EXPERTS, _activations, _stack, _weights
+from benchmarks.kernels_gpu import graph_time
+from benchmarks.machine import describe, write_record
+from nibble.kernels.gpu import fragment_gemm
+from nibble.kernels.gpu import gemm as gpu_gemm
+
+DENSE = (8192, 7168)
+DENSE_ROWS = (1, 8, 16, 32, 64, 256, 1024)
+GROUPED = (1536, 2048)  # one gate/up projection of a 128-expert layer
+GROUPED_ROWS_PER_EXPERT = (1, 4, 16, 64)
+PASSES = ("a", "b", "a", "b")
+
+
+def _use(source: Path) -> None:
+    fragment_gemm.SOURCE = source
+    fragment_gemm._module.cache_clear()
+
+
+def _compare(sources: dict[str, Path], time_one, outputs) -> dict:
+    """``time_one()`` seconds and ``outputs()`` tensors under each source, interleaved by :data:`PASSES`."""
+    row: dict = {"a_us": [], "b_us": []}
+    got = {}
+    for name in PASSES:
+        _use(sources[name])
+        row[f"{name}_us"].append(time_one() * 1e6)
+        got[name] = outputs()
+    row["same_bits"] = all(torch.equal(x, y) for x, y in zip(got["a"], got["b"], strict=True))
+    return row
+
+
+def dense(sources: dict[str, Path]) -> list[dict]:
+    n, k = DENSE
+    qws = _weights(n, k)
+    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(8)]
+    rows = []
+    for m in DENSE_ROWS:
+        qx = _activations(m, k)
+        x = qx.dequantize(torch.bfloat16)
+        row = {"shape": [n, k], "m": m, "bf16_us": graph_time(lambda i, x=x: x @ ws[i].T, len(ws))["graph_s"] * 1e6}
+        row |= _compare(
+            sources,
+            lambda qx=qx: graph_time(lambda i: gpu_gemm.fragment_matmul(qx, qws[i], torch.bfloat16), len(qws))[
+                "graph_s"
+            ],
+            lambda qx=qx: [
+                gpu_gemm.fragment_matmul(qx, qws[0], dtype, gemv=gemv)
+                for dtype in (torch.float32, torch.bfloat16)
+                for gemv in (True, False)
+            ],
+        )
+        print(_line(f"dense {n}x{k} M={m:5d}", row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def grouped(sources: dict[str, Path]) -> list[dict]:
+    n, k = GROUPED
+    qw = _stack(torch.randn(EXPERTS, n, k, device="cuda", dtype=torch.bfloat16) / k**0.5)
+    rows = []
+    for r in GROUPED_ROWS_PER_EXPERT:
+        experts = torch.arange(EXPERTS, device="cuda").repeat_interleave(r)
+        qx = _activations(experts.numel(), k)
+
+        def run(gemv=None, dtype=torch.bfloat16, qx=qx, experts=experts):
+            return gpu_gemm.fragment_grouped_matmul(qx, qw, experts, None, dtype, gemv=gemv)
+
+        row = {"shape": [EXPERTS, n, k], "rows_per_expert": r}
+        row |= _compare(
+            sources,
+            lambda run=run: graph_time(lambda i: run(), 1)["graph_s"],
+            lambda run=run: [run(gemv, torch.float32) for gemv in (True, False)],
+        )
+        print(_line(f"grouped {EXPERTS}x{n}x{k} rows/expert={r:3d}", row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def sweep() -> list[dict]:
+    """The working tree's gemv at every (prefetch, warps) for the default rows per CTA, 8192×7168."""
+    n, k = DENSE
+    qws = _weights(n, k)
+    out = []
+    for m in (1, 8, 16, 32):
+        qx = _activations(m, k)
+        expected = gpu_gemm.fragment_matmul(qx, qws[0], torch.bfloat16, gemv=False)
+        for prefetch in (2, 4, 8):
+            for warps in (4, 8):
+                tile = (fragment_gemm.gemv_tile(m)[0], prefetch, warps)
+
+                def run(i, qx=qx, tile=tile):
+                    return gpu_gemm.fragment_matmul(qx, qws[i], torch.bfloat16, gemv=True, tile=tile)
+
+                t = graph_time(run, len(qws))["graph_s"] * 1e6
+                same = torch.equal(run(0), expected)
+                out.append({"shape": [n, k], "m": m, "tile": list(tile), "us": t, "same_bits": same})
+                print(f"sweep M={m:3d} tile={tile}: {t:7.2f} us  same bits {same}", flush=True)
+    return out
+
+
+def _line(label: str, row: dict) -> str:
+    a, b = row["a_us"], row["b_us"]
+    bf16 = f"bf16 {row['bf16_us']:7.2f}  " if "bf16_us" in row else ""
+    pairs = enumerate(zip(a, b, strict=True))
+    passes = "  ".join(f"pass {p}: a {x:7.2f} b {y:7.2f} ({x / y:.3f}x)" for p, (x, y) in pairs)
+    return f"{label}: {bf16}{passes}  same bits {row['same_bits']}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--against", type=Path, required=True, help="the other fragment_gemm.cu (b)")
+    parser.add_argument("--out", type=Path, default=None, help="results JSON")
+    parser.add_argument("--sweep", action="store_true", help="also time gemv's launch parameters (a)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks/fragment_kernel_ab_gpu.py needs a CUDA GPU")
+    if not args.against.is_file():
+        parser.error(f"--against {args.against}: no such file")
+    sources = {"a": fragment_gemm.SOURCE, "b": args.against}
+    torch.manual_seed(0)
+    result = {
+        "machine": describe(),
+        "command": f"python -m benchmarks.fragment_kernel_ab_gpu --against {args.against}" + " --sweep" * args.sweep,
+        "a": "working tree",
+        "b": str(args.against),
+        "dense": dense(sources),
+        "grouped": grouped(sources),
+    }
+    _use(sources["a"])
+    if args.sweep:
+        result["sweep"] = sweep()
+    if args.out:
+        write_record(args.out, result)
+
+
+if __name__ == "__main__":
+    main()
