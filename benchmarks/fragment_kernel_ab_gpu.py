@@ -1,12 +1,15 @@
 """Two versions of the CUDA fragment kernels (``kernels/gpu/fragment_gemm.cu``) side by side on the GPU: the
-working tree's and another source file (an earlier commit's, a variant being tried), through the same
-launch code. Each shape is timed for both, twice, interleaved (``a b a b``: the second pass of a run is
-often slower for both, so compare within a pass), beside cuBLAS bf16, and both versions' outputs are
-compared bit for bit (float32 and bf16 output, gemv and gemm). ``--sweep`` adds gemv's launch parameters
-for the working tree's kernel at decode sizes.
+working tree's (a) and another source file (b: an earlier commit's, a variant being tried), through the
+working tree's launch code, so b must keep its kernels' names, arguments and macros. Each shape is timed
+for both, twice, interleaved (``a b a b``: the second pass of a run is often slower for both, so compare
+within a pass), and both versions' outputs are compared bit for bit: dense products on 8192×7168 beside
+cuBLAS bf16 (float32 and bf16 output, gemv and gemm), grouped ones on a 128-expert 1536×2048 stack (float32
+output, gemv and gemm). ``--sweep`` adds gemv's launch parameters for a's kernel at decode sizes. The
+record names both sources by sha256 and the commit of the working tree.
 
-Timed as benchmarks/kernels_gpu.py times (CUDA-graph replay, weights rotated through > 256 MB so L2 is
-cold). Run on the GPU machine, e.g. against the kernels of commit 56a5853:
+Timed as benchmarks/kernels_gpu.py times (CUDA-graph replay; dense weights rotated through > 256 MB so L2
+is cold; the grouped stack is one 216 MB copy, larger than L2). Run on the GPU machine, e.g. against the
+kernels of commit 56a5853:
 
     git show 56a5853:kernels/gpu/fragment_gemm.cu > /tmp/before.cu
     python -m benchmarks.fragment_kernel_ab_gpu --against /tmp/before.cu --out benchmarks/results/h200_fragment_ab.json
@@ -15,12 +18,14 @@ cold). Run on the GPU machine, e.g. against the kernels of commit 56a5853:
 from __future__ import annotations
 
 import argparse
+import hashlib
+import subprocess
 from pathlib import Path
 
 import torch
 
-from benchmarks.gemm_backends_gpu import EXPERTS, _activations, _stack, _weights
-from benchmarks.kernels_gpu import graph_time
+from benchmarks.gemm_backends_gpu import EXPERTS, packed_activations, packed_stack, packed_weights
+from benchmarks.kernels_gpu import copies_for, graph_time
 from benchmarks.machine import describe, write_record
 from nibble.kernels.gpu import fragment_gemm
 from nibble.kernels.gpu import gemm as gpu_gemm
@@ -51,11 +56,11 @@ def _compare(sources: dict[str, Path], time_one, outputs) -> dict:
 
 def dense(sources: dict[str, Path]) -> list[dict]:
     n, k = DENSE
-    qws = _weights(n, k)
-    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(8)]
+    qws = packed_weights(n, k)
+    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies_for(n * k * 2))]
     rows = []
     for m in DENSE_ROWS:
-        qx = _activations(m, k)
+        qx = packed_activations(m, k)
         x = qx.dequantize(torch.bfloat16)
         row = {"shape": [n, k], "m": m, "bf16_us": graph_time(lambda i, x=x: x @ ws[i].T, len(ws))["graph_s"] * 1e6}
         row |= _compare(
@@ -76,11 +81,11 @@ def dense(sources: dict[str, Path]) -> list[dict]:
 
 def grouped(sources: dict[str, Path]) -> list[dict]:
     n, k = GROUPED
-    qw = _stack(torch.randn(EXPERTS, n, k, device="cuda", dtype=torch.bfloat16) / k**0.5)
+    qw = packed_stack(torch.randn(EXPERTS, n, k, device="cuda", dtype=torch.bfloat16) / k**0.5)
     rows = []
     for r in GROUPED_ROWS_PER_EXPERT:
         experts = torch.arange(EXPERTS, device="cuda").repeat_interleave(r)
-        qx = _activations(experts.numel(), k)
+        qx = packed_activations(experts.numel(), k)
 
         def run(gemv=None, dtype=torch.bfloat16, qx=qx, experts=experts):
             return gpu_gemm.fragment_grouped_matmul(qx, qw, experts, None, dtype, gemv=gemv)
@@ -99,10 +104,10 @@ def grouped(sources: dict[str, Path]) -> list[dict]:
 def sweep() -> list[dict]:
     """The working tree's gemv at every (prefetch, warps) for the default rows per CTA, 8192×7168."""
     n, k = DENSE
-    qws = _weights(n, k)
+    qws = packed_weights(n, k)
     out = []
     for m in (1, 8, 16, 32):
-        qx = _activations(m, k)
+        qx = packed_activations(m, k)
         expected = gpu_gemm.fragment_matmul(qx, qws[0], torch.bfloat16, gemv=False)
         for prefetch in (2, 4, 8):
             for warps in (4, 8):
@@ -126,29 +131,64 @@ def _line(label: str, row: dict) -> str:
     return f"{label}: {bf16}{passes}  same bits {row['same_bits']}"
 
 
+def _describe_source(path: Path) -> dict:
+    """The source's path and sha256, so that a record says which kernels it compared."""
+    return {"path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+def _working_tree() -> dict:
+    """The commit of the working tree and whether it differed from it (None where git is not there)."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout
+        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return {"commit": None, "uncommitted_changes": None}
+    return {"commit": commit.strip(), "uncommitted_changes": bool(dirty.strip())}
+
+
+def _check_compiles(source: Path) -> str | None:
+    """Why ``source`` cannot serve as the kernels (it does not compile, or lacks a kernel), or None."""
+    _use(source)
+    try:
+        fragment_gemm._module(fragment_gemm.GEMV_TILES[0], False, False, True, torch.cuda.current_device())
+    except Exception as error:  # NVRTC's compile log or a missing kernel name, whatever the cause
+        return f"{type(error).__name__}: {str(error).strip()[:2000]}"
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--against", type=Path, required=True, help="the other fragment_gemm.cu (b)")
+    parser.add_argument(
+        "--against", type=Path, required=True,
+        help="the other fragment_gemm.cu (b): same kernel names, arguments and macros as the working tree's",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=None, help="results JSON")
     parser.add_argument("--sweep", action="store_true", help="also time gemv's launch parameters (a)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/fragment_kernel_ab_gpu.py needs a CUDA GPU")
-    if not args.against.is_file():
-        parser.error(f"--against {args.against}: no such file")
+    if not args.against.is_file() or args.against.suffix != ".cu":
+        parser.error(f"--against {args.against}: not a .cu file")
     sources = {"a": fragment_gemm.SOURCE, "b": args.against}
-    torch.manual_seed(0)
-    result = {
-        "machine": describe(),
-        "command": f"python -m benchmarks.fragment_kernel_ab_gpu --against {args.against}" + " --sweep" * args.sweep,
-        "a": "working tree",
-        "b": str(args.against),
-        "dense": dense(sources),
-        "grouped": grouped(sources),
-    }
-    _use(sources["a"])
-    if args.sweep:
-        result["sweep"] = sweep()
+    try:
+        for name, source in sources.items():
+            if (why := _check_compiles(source)) is not None:
+                parser.error(f"{'--against ' if name == 'b' else ''}{source}: does not compile as the kernels ({why})")
+        torch.manual_seed(0)
+        result = {
+            "machine": describe(),
+            "command": "python -m benchmarks.fragment_kernel_ab_gpu --against " + str(args.against)
+            + " --sweep" * args.sweep,
+            "a": {**_describe_source(sources["a"]), **_working_tree()},
+            "b": _describe_source(sources["b"]),
+            "dense": dense(sources),
+            "grouped": grouped(sources),
+        }  # fmt: skip
+        _use(sources["a"])
+        if args.sweep:
+            result["sweep"] = sweep()
+    finally:
+        _use(sources["a"])
     if args.out:
         write_record(args.out, result)
 

@@ -32,7 +32,7 @@ GROUPED_ROWS_PER_EXPERT = (1, 2, 4, 8, 16, 32, 64)
 SWEEP_TILES = tuple((rows, prefetch, warps) for rows in (8, 16, 32) for prefetch in (2, 4) for warps in (4, 8))
 
 
-def _weights(n: int, k: int) -> list[NVFP4Tensor]:
+def packed_weights(n: int, k: int) -> list[NVFP4Tensor]:
     """Copies of one quantised weight in the sampler's form (codes, scales and fragments), > 256 MB in all."""
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
     qw = nvfp4.quantize(w, scale="per_tensor", four_over_six="mse", validate=False)
@@ -42,17 +42,18 @@ def _weights(n: int, k: int) -> list[NVFP4Tensor]:
     ]
 
 
-def _activations(m: int, k: int) -> NVFP4Tensor:
+def packed_activations(m: int, k: int) -> NVFP4Tensor:
+    """``m`` Gaussian activation rows ``[m, k]`` quantised as a sampler's products take them (per token, 4/6)."""
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     return nvfp4.quantize(x, scale="per_token", four_over_six="mse", validate=False)
 
 
 def _dense(n: int, k: int) -> list[dict]:
-    qws = _weights(n, k)
+    qws = packed_weights(n, k)
     ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies_for(n * k * 2))]
     rows = []
     for m in DENSE_ROWS:
-        qx = _activations(m, k)
+        qx = packed_activations(m, k)
         x = qx.dequantize(torch.bfloat16)
         gemv = gpu_gemm.fragment_matmul(qx, qws[0], torch.float32, gemv=True)
         same = torch.equal(gemv, gpu_gemm.fragment_matmul(qx, qws[0], torch.float32, gemv=False))
@@ -83,7 +84,8 @@ def _dense(n: int, k: int) -> list[dict]:
     return rows
 
 
-def _stack(w: torch.Tensor) -> NVFP4Tensor:
+def packed_stack(w: torch.Tensor) -> NVFP4Tensor:
+    """An expert stack ``w [E, N, K]`` quantised with one global scale per expert, with its fragment layout."""
     e = w.shape[0]
     flat = nvfp4.quantize(w.reshape(e, -1), scale="per_token", four_over_six="mse", validate=False)
     q = NVFP4Tensor(
@@ -99,11 +101,11 @@ def _stack(w: torch.Tensor) -> NVFP4Tensor:
 def _grouped(n: int, k: int) -> list[dict]:
     """One projection of a 128-expert layer with ``r`` rows on every expert."""
     w = torch.randn(EXPERTS, n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
-    qw, wt = _stack(w), w.transpose(1, 2)
+    qw, wt = packed_stack(w), w.transpose(1, 2)
     rows = []
     for r in GROUPED_ROWS_PER_EXPERT:
         experts = torch.arange(EXPERTS, device="cuda").repeat_interleave(r)
-        qx = _activations(experts.numel(), k)
+        qx = packed_activations(experts.numel(), k)
         x = qx.dequantize(torch.bfloat16)
         offs = torch.cumsum(grouped.expert_counts(experts, EXPERTS), 0).to(torch.int32)
 
@@ -134,9 +136,9 @@ def sweep() -> list[dict]:
     gemm's bits (checked)."""
     out = []
     for n, k in ((8192, 7168), (1536, 2048)):
-        qws = _weights(n, k)
+        qws = packed_weights(n, k)
         for m in (1, 8, 16, 32, 64):
-            qx = _activations(m, k)
+            qx = packed_activations(m, k)
             expected = gpu_gemm.fragment_matmul(qx, qws[0], torch.bfloat16, gemv=False)
             for tile in SWEEP_TILES:
                 if tile[0] < min(m, 32):

@@ -110,7 +110,7 @@ def main() -> None:
             record["runs"] = earlier["runs"]  # the same experiment run in parts: keep the parts done before
     for name in args.variants:
         record["runs"][name] = run(name, args.config, VARIANTS[name], args.steps, args.runs) | {"machine": describe()}
-        write_record(args.out, record)  # each finished run is kept
+        write_record(args.out, record, announce=False)  # each finished run is kept
     runs = record["runs"]
     if {"nvfp4_sync", "nvfp4_async"} <= set(runs):
         record["sync_over_async_wall_clock"] = runs["nvfp4_sync"]["wall_seconds"] / runs["nvfp4_async"]["wall_seconds"]

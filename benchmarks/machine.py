@@ -51,15 +51,19 @@ def mps_running() -> bool:
     return os.path.exists(os.path.join(pipes, "control"))
 
 
-def write_record(path: Path, record: dict, indent: int = 2, default: Callable | None = None) -> None:
-    """Write a benchmark's ``record`` to ``path`` as JSON (creating its folder) and say where.
+def write_record(
+    path: Path, record: dict, indent: int = 2, default: Callable | None = None, announce: bool = True
+) -> None:
+    """Write a benchmark's ``record`` to ``path`` as JSON (creating its folder) and, if ``announce``, say where.
 
     Args:
         path: the results file; an existing one is replaced (callers that must not overwrite check first).
         record: JSON-serialisable; ``default`` converts what ``json`` cannot (``str`` for paths, say).
+        announce: False for the interim records of a run that rewrites its file as it goes.
     Raises:
         OSError: the folder cannot be created or the file written.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=indent, default=default) + "\n")
-    print(f"wrote {path}")
+    if announce:
+        print(f"wrote {path}")

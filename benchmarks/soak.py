@@ -142,7 +142,7 @@ def main() -> None:
     for key, value in growths.items():
         print(f"{key:32s} {'-' if value is None else f'{100 * value:+.1f}%'}")
     verdict = "passed" if record["passed"] else "FAILED"
-    print(f"{verdict} (target < {100 * TARGET_GROWTH:.0f}% growth after the warm-up); {args.out}")
+    print(f"{verdict} (target < {100 * TARGET_GROWTH:.0f}% growth after the warm-up)")
 
 
 if __name__ == "__main__":

@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     started = time.time()
     summaries: dict[Point, dict[str, dict]] = {p: {} for p in points}
 
-    def record() -> tuple[Point | None, dict[Point, str]]:
+    def record(final: bool = False) -> tuple[Point | None, dict[Point, str]]:
         """Written after every run: a pilot stopped at a time limit keeps what finished."""
         complete = {p: v for p, v in summaries.items() if len(v) == len(PILOT_VARIANTS)}
         chosen, verdicts = choose(complete)
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
             "chosen": dataclasses.asdict(chosen) if chosen else None,
             "wall_seconds": time.time() - started,
         }
-        write_record(args.out, document, indent=1)
+        write_record(args.out, document, indent=1, announce=final)
         return chosen, verdicts
 
     context = multiprocessing.get_context("spawn")
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{time.time() - started:6.0f}s lr {point.learning_rate:g} staleness {point.max_staleness} "
                   f"{variant}: {json.dumps(summaries[point][variant])}", flush=True)  # fmt: skip
             record()
-    chosen, verdicts = record()
+    chosen, verdicts = record(final=True)
     for point in points:
         print(f"lr {point.learning_rate:g} staleness {point.max_staleness}: {verdicts[point]}")
     print(f"chosen: {dataclasses.asdict(chosen) if chosen else 'none (no usable point)'}")

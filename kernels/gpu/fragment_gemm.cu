@@ -11,11 +11,16 @@
 // the activation's and the weight's global scales. That order depends on K alone, so a row gets the same
 // bits from either kernel here, from the Triton kernel and from the CPU reference, whatever the row count.
 //
-// gemm multiplies the weight's codes by their block scale s_b before the mma. gemv leaves the scale out: its
-// mma gives u_b = t_b / s_b, exact for the same reason, and one fma.rn(u_b, s_b, acc) adds the block; u_b * s_b
-// is exact (at most 20 bits, far inside float32's range), so the fma's single rounding of acc + u_b * s_b is
-// the add's rounding of acc + t_b. Same bits, fewer instructions where a decode feeds few tiles (faster for
-// gemv, slower for gemm's eight tiles: benchmarks/results/h200_fragment_ab.json).
+// gemm multiplies the weight's codes by their block scale s_b before the mma: each operand, code x 2^-14 x s_b,
+// is an exact float16 (the smallest, 0.5 x 2^-14 x 2^-9, is float16's least subnormal 2^-24), so t_b comes out
+// exact. gemv leaves the scale out: its mma sums the unscaled operands (code x 2^-14; code 0.5 is the float16
+// subnormal 2^-15, which mma.sync takes exactly, as the bit-for-bit GPU tests confirm) into u_b, exact for the
+// same reason, with t_b = s_b x u_b; one fma.rn(u_b, s_b, acc) then adds the block, and since an fma rounds
+// only its result, that is the add's rounding of acc + t_b: the same bits. acc starts at +0, so signed zeros
+// and zero scales (padding) agree too. Fewer instructions where a decode feeds few tiles: 3.7-4.2% faster for
+// dense gemv at 1 and 8 rows, but 3.4% slower for grouped gemv at 16 rows per expert
+// (benchmarks/results/h200_fragment_ab.json), and 1-4% slower in gemm, whose decode feeds eight tiles
+// (benchmarks/results/h200_gemv_variants_rejected.log, part 0), which therefore keeps the scaled form.
 //
 // Weights are the mma's A operand (16 weight rows of one column group), activations the B operand (8 rows
 // per n8 tile). Two kernels:

@@ -21,6 +21,8 @@ def test_write_record_creates_the_folder_writes_json_and_says_where(tmp_path, ca
     assert json.loads(out.read_text()) == {"figure": 1.5, "rows": [1, 2]}
     assert out.read_text().endswith("}\n") and '\n  "figure"' in out.read_text()  # indent 2, a final newline
     assert capsys.readouterr().out == f"wrote {out}\n"
+    write_record(out, {"figure": 2.0}, announce=False)  # an interim record of a run that rewrites it
+    assert json.loads(out.read_text()) == {"figure": 2.0} and capsys.readouterr().out == ""
 
 
 def test_write_record_converts_with_default_and_refuses_what_json_cannot_write(tmp_path):
