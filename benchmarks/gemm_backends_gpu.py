@@ -29,7 +29,7 @@ DENSE_ROWS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 256, 1024, 4096)
 TRITON_ROWS = 8  # the portable Triton kernel is timed up to here (one dot per block: far slower beyond)
 EXPERTS, HIDDEN, INTER = 128, 2048, 768
 GROUPED_ROWS_PER_EXPERT = (1, 2, 4, 8, 16, 32, 64)
-SWEEP_TILES = tuple((rows, prefetch, warps) for rows in (8, 16, 32) for prefetch in (2, 4) for warps in (4, 8))
+SWEEP_TILES = tuple((rows, prefetch, warps) for rows in (8, 16, 32) for prefetch in (2, 4, 8) for warps in (4, 8))
 
 
 def packed_weights(n: int, k: int) -> list[NVFP4Tensor]:
