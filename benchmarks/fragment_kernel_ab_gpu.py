@@ -165,10 +165,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="results JSON")
     parser.add_argument("--sweep", action="store_true", help="also time gemv's launch parameters (a)")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("benchmarks/fragment_kernel_ab_gpu.py needs a CUDA GPU")
     if not args.against.is_file() or args.against.suffix != ".cu":
         parser.error(f"--against {args.against}: not a .cu file")
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks/fragment_kernel_ab_gpu.py needs a CUDA GPU")
     sources = {"a": fragment_gemm.SOURCE, "b": args.against}
     try:
         for name, source in sources.items():
