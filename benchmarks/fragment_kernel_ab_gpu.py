@@ -165,8 +165,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="results JSON")
     parser.add_argument("--sweep", action="store_true", help="also time gemv's launch parameters (a)")
     args = parser.parse_args()
-    if not args.against.is_file() or args.against.suffix != ".cu":
-        parser.error(f"--against {args.against}: not a .cu file")
+    if not args.against.is_file():
+        parser.error(f"--against {args.against}: {'not a file' if args.against.exists() else 'no such file'}")
+    if args.against.suffix != ".cu":
+        parser.error(f"--against {args.against}: not a CUDA source (.cu)")
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/fragment_kernel_ab_gpu.py needs a CUDA GPU")
     sources = {"a": fragment_gemm.SOURCE, "b": args.against}
