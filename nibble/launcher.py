@@ -12,6 +12,7 @@ the environment only.
 from __future__ import annotations
 
 import os
+import random
 import secrets
 import signal
 import socket
@@ -47,8 +48,47 @@ class Interrupted(Exception):
         self.exit_code = 128 + signum
 
 
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_CHOSEN_PORT = 20000
+"""Ports below stay for services users run themselves (Redis's 6379, Prometheus's 9090, databases)."""
+_handed_out: set[int] = set()
+
+
+def _ports_below_ephemeral() -> range:
+    """Ports from LOWEST_CHOSEN_PORT up to the kernel's ephemeral range (empty where it cannot be read)."""
+    try:
+        low = int(EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return range(0)
+    return range(LOWEST_CHOSEN_PORT, low)
+
+
+def _binds(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    """A TCP port on 127.0.0.1 that nothing uses now, for a server this process is about to start.
+
+    A port the kernel hands out for ``bind(0)`` lies in its ephemeral range, from which every outgoing
+    connection (a Redis client, a scrape) also takes its local port: one could take it before the server
+    binds it (``Address already in use``, as a trainer's ``/metrics`` once met). So on Linux the port is
+    drawn at random below that range (``/proc/sys/net/ipv4/ip_local_port_range``, from
+    ``LOWEST_CHOSEN_PORT``), where only servers bind, and never twice by one process; elsewhere, or when
+    200 draws all find a port in use, the kernel chooses.
+    """
+    candidates = _ports_below_ephemeral()
+    if candidates:
+        for _ in range(200):
+            port = random.choice(candidates)
+            if port not in _handed_out and _binds(port):
+                _handed_out.add(port)
+                return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]

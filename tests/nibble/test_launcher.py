@@ -1,11 +1,15 @@
 """The launcher's stop with real child processes: stages in reverse start order, each given its grace
-period, a stage that will not stop killed, and a second Ctrl-C killing what is left at once."""
+period, a stage that will not stop killed, and a second Ctrl-C killing what is left at once. Its ports:
+chosen where no outgoing connection takes its local port, never one in use, never twice."""
 
 import os
 import signal
+import socket
 import sys
 import threading
 import time
+
+import pytest
 
 from nibble import launcher
 from nibble.launcher import Cluster
@@ -103,3 +107,39 @@ def test_a_config_the_run_folder_would_make_invalid_is_refused_naming_the_fields
     )
     with pytest.raises(ValueError, match=r"run folder's directories \(.*weightsync\.store_dir = .*export_dir must"):
         launcher.effective_config(clash, tmp_path / "run", config.redis.url)
+
+
+def ephemeral_range() -> range:
+    low, high = map(int, launcher.EPHEMERAL_RANGE_FILE.read_text().split())
+    return range(low, high + 1)
+
+
+@pytest.mark.skipif(not launcher.EPHEMERAL_RANGE_FILE.is_file(), reason="needs Linux's ephemeral port range")
+def test_ports_for_servers_lie_below_the_range_outgoing_connections_take_theirs_from_and_never_repeat():
+    ports = [launcher.free_port() for _ in range(50)]
+    assert len(set(ports)) == len(ports)
+    assert all(launcher.LOWEST_CHOSEN_PORT <= p < ephemeral_range().start for p in ports), ports
+    with socket.socket() as server:  # each one a server can bind
+        server.bind(("127.0.0.1", ports[0]))
+        server.listen()
+        with socket.create_connection(("127.0.0.1", ports[0])) as client:  # the kernel's choice, for contrast
+            assert client.getsockname()[1] in ephemeral_range()
+
+
+@pytest.mark.skipif(not launcher.EPHEMERAL_RANGE_FILE.is_file(), reason="needs Linux's ephemeral port range")
+def test_a_port_in_use_or_handed_out_before_is_passed_over(monkeypatch):
+    handed_out = launcher.free_port()
+    below = reversed(launcher._ports_below_ephemeral())
+    spare = next(p for p in below if p not in launcher._handed_out and launcher._binds(p))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        draws = iter([taken.getsockname()[1], handed_out, spare])
+        monkeypatch.setattr(launcher.random, "choice", lambda ports: next(draws))
+        assert launcher.free_port() == spare
+
+
+def test_without_a_readable_ephemeral_range_the_kernel_chooses(tmp_path, monkeypatch):
+    monkeypatch.setattr(launcher, "EPHEMERAL_RANGE_FILE", tmp_path / "absent")
+    port = launcher.free_port()
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", port))

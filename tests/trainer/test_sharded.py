@@ -6,13 +6,13 @@ groups): the losses and the final weights agree within 1e-5; a sharded checkpoin
 """
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
 from nibble.config import TrainerConfig
+from nibble.launcher import free_port
 from nibble.model import MoETransformer, tiny
 from nibble.recipe import PrecisionPlan, param_groups
 from nibble.trainer import sharded
@@ -71,12 +71,6 @@ def _worker(rank: int, port: int, state: dict, batches: list, out: str, device: 
     sharded.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 DEVICES = [
     pytest.param("cpu", id="gloo"),
     pytest.param(
@@ -102,7 +96,7 @@ def test_two_ranks_train_exactly_like_one_process(tmp_path, device):
     losses = [r.loss for r in results]
 
     mp.start_processes(
-        _worker, args=(_free_port(), initial, batches, str(tmp_path), device), nprocs=WORLD, start_method="spawn"
+        _worker, args=(free_port(), initial, batches, str(tmp_path), device), nprocs=WORLD, start_method="spawn"
     )
     result = torch.load(tmp_path / "result.pt")
     print(f"{device}: losses {losses} vs sharded {result['losses']}")
