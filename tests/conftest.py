@@ -15,6 +15,21 @@ from tests.services import RedisServer, redis_config
 
 pytest_plugins = ["tests.heartbeat"]
 
+# Without a GPU, one torch thread in this process for every test: the suite shares the machine's cores with
+# the services its tests start, and a test's speed must not depend on whether an in-process run that sets
+# one thread (a stability grid, the SFT command) ran before it. (GPU machines keep their threads for the
+# CPU references of the GPU tests.)
+if not torch.cuda.is_available():
+    torch.set_num_threads(1)
+
+# In CI, hypothesis draws the same examples on every run: a red CI names the change, not the draw. Runs
+# elsewhere keep exploring new examples (and the GPU machine, which has no hypothesis, never imports it).
+if os.environ.get("CI"):
+    from hypothesis import settings
+
+    settings.register_profile("ci", derandomize=True)
+    settings.load_profile("ci")
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -32,6 +33,30 @@ def stop_process(process: subprocess.Popen | None, timeout: float) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def run_launcher(argv: list[str], timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``subprocess.run(argv, capture_output=True, text=True, ...)`` for a ``nibble run`` launcher.
+
+    Past ``timeout`` seconds the launcher gets two Ctrl-Cs (the second kills every child it started) and
+    then SIGKILL; its children live in sessions of their own, so a bare SIGKILL of the launcher would leave
+    Redis, weight-sync, the trainer and the samplers busy on the test machine's cores for the rest of the
+    suite. Raises ``subprocess.TimeoutExpired`` (with the output so far) as ``subprocess.run`` does.
+    """
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGINT)
+            time.sleep(1.0)
+            process.send_signal(signal.SIGINT)
+            try:
+                stdout, stderr = process.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                stdout, stderr = process.communicate()
+            raise subprocess.TimeoutExpired(argv, timeout, output=stdout, stderr=stderr) from None
+    return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
 
 
 class RedisServer:

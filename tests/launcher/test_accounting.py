@@ -9,6 +9,7 @@ or still waits in the stream — and policy versions never repeat after the resu
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import yaml
@@ -53,7 +54,11 @@ def test_kill_9_of_a_sampler_and_of_the_trainer_loses_and_duplicates_nothing(war
         ]
         wait_for_step(out, 1)
         client = redis.client()
-        _, fields = client.xrange(config.redis.stream, count=1)[0]
+        deadline = time.monotonic() + 120
+        while not (entries := client.xrange(config.redis.stream, count=1)):  # the trainer may have just trimmed
+            assert time.monotonic() < deadline, "no group reached the stream in 120 s"
+            time.sleep(0.1)
+        _, fields = entries[0]
         client.xadd(config.redis.stream, {b"group": fields[b"group"]})  # a duplicate XADD (a retried write)
         duplicated = len(pb.TrajectoryGroup.FromString(fields[b"group"]).responses)
         wait_for_step(out, 3)

@@ -7,7 +7,6 @@ import gzip
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from nibble.model import MoETransformer, from_pretrained
 from nibble.recipe import PrecisionPlan
 from nibble.trainer.checkpoint import latest
 from tests.helpers import TINY_LLAMA
+from tests.services import run_launcher
 
 ROOT = Path(__file__).resolve().parents[2]
 NIBBLE = str(Path(sys.executable).with_name("nibble"))
@@ -55,9 +55,7 @@ def real_model_run(tmp_path_factory):
     path.write_text(yaml.safe_dump(config))
     out = tmp / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith("NIBBLE_")}
-    result = subprocess.run(
-        [NIBBLE, "run", "--config", str(path), "--out", str(out)], capture_output=True, text=True, timeout=600, env=env
-    )
+    result = run_launcher([NIBBLE, "run", "--config", str(path), "--out", str(out)], timeout=600, env=env)
     return result, out, checkpoint
 
 

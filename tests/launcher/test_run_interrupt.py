@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.launcher.stack import metrics_lines, wait_for_step
+from tests.services import run_launcher
 
 ROOT = Path(__file__).resolve().parents[2]
 NIBBLE = str(Path(sys.executable).with_name("nibble"))
@@ -149,11 +150,9 @@ def test_the_trainer_checkpointed_its_last_step(interrupted):
 def resumed(interrupted, warm_start):
     run = interrupted
     before = {p.name: p.read_bytes() for p in run.out.iterdir() if p.is_file()}
-    plain = subprocess.run(nibble_run(run.out), capture_output=True, text=True, timeout=120,
-                           env=environment(warm_start))  # fmt: skip
+    plain = run_launcher(nibble_run(run.out), timeout=120, env=environment(warm_start))
     unchanged = before == {p.name: p.read_bytes() for p in run.out.iterdir() if p.is_file()}
-    again = subprocess.run(nibble_run(run.out, "--resume"), capture_output=True, text=True, timeout=600,
-                           env=environment(warm_start))  # fmt: skip
+    again = run_launcher(nibble_run(run.out, "--resume"), timeout=600, env=environment(warm_start))
     return SimpleNamespace(plain=plain, unchanged=unchanged, again=again)
 
 

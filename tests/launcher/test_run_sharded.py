@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.services import run_launcher
+
 ROOT = Path(__file__).resolve().parents[2]
 NIBBLE = str(Path(sys.executable).with_name("nibble"))
 
@@ -24,7 +26,7 @@ def _run(out: Path, warm_start: Path, total_steps: int, *flags: str) -> subproce
         "NIBBLE_TRAINER__TOTAL_STEPS": str(total_steps),
     }
     argv = [NIBBLE, "run", "--config", str(ROOT / "configs" / "smoke.yaml"), "--out", str(out), *flags]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
+    return run_launcher(argv, timeout=600, env=env)
 
 
 def _steps(out: Path) -> list[dict]:

@@ -18,7 +18,7 @@ from nibble.monitoring.panels import rows
 from nibble.monitoring.report import main_panels, tsdb_reader
 from nibble.monitoring.rules import HEADROOM_MARGIN, RECORDING_RULES
 from tests.helpers import DESIGN_METRICS
-from tests.services import PROMETHEUS, free_port
+from tests.services import PROMETHEUS, free_port, run_launcher
 
 ROOT = Path(__file__).resolve().parents[2]
 NIBBLE = str(Path(sys.executable).with_name("nibble"))
@@ -46,14 +46,8 @@ SUMMARY_KEYS = {
 def smoke_run(warm_start, tmp_path_factory):
     out = tmp_path_factory.mktemp("smoke") / "run"
     env = {**os.environ, "NIBBLE_MODEL__CHECKPOINT": str(warm_start)}
-    result = subprocess.run(
-        [NIBBLE, "run", "--config", str(ROOT / "configs" / "smoke.yaml"), "--out", str(out), "--prometheus"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
-    return result, out
+    argv = [NIBBLE, "run", "--config", str(ROOT / "configs" / "smoke.yaml"), "--out", str(out), "--prometheus"]
+    return run_launcher(argv, timeout=600, env=env), out
 
 
 def test_smoke_run_completes_and_writes_its_outputs(smoke_run):

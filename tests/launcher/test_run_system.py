@@ -2,9 +2,10 @@
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
+
+from tests.services import run_launcher
 
 ROOT = Path(__file__).resolve().parents[2]
 NIBBLE = str(Path(sys.executable).with_name("nibble"))
@@ -13,13 +14,7 @@ NIBBLE = str(Path(sys.executable).with_name("nibble"))
 def run(config: str, out: Path, warm_start: Path, **overrides) -> dict:
     env = {**os.environ, "NIBBLE_MODEL__CHECKPOINT": str(warm_start)}
     env.update({f"NIBBLE_{k.upper()}": str(v) for k, v in overrides.items()})
-    result = subprocess.run(
-        [NIBBLE, "run", "--config", str(ROOT / "configs" / config), "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env,
-    )
+    result = run_launcher([NIBBLE, "run", "--config", str(ROOT / "configs" / config), "--out", str(out)], 1800, env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return json.loads((out / "summary.json").read_text())
 

@@ -38,6 +38,10 @@ class Proxy:
     def cut(self) -> None:
         """Reset every open connection and stop listening (clients see refused connections)."""
         if self._listener is not None:
+            # a close alone leaves the port listening while the accept thread is blocked in accept();
+            # shutdown wakes it (EINVAL) and stops the listening at once
+            with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)
             self._listener.close()
             self._listener = None
         with self._lock:

@@ -65,7 +65,9 @@ def stream_length(config) -> int:
 
 
 def test_slots_of_a_killed_sampler_come_back_after_its_lease(stream_config):
-    config = sampler_config(stream_config)
+    # the doomed sampler renews every lease/3 s while this process generates on both cores: a 3 s lease
+    # leaves a renewal 2 s of scheduling delay before the healthy sampler could take its slots
+    config = sampler_config(stream_config, admission_lease_seconds=3.0)
     doomed = subprocess.Popen(
         [sys.executable, "-c", HANGING_SAMPLER, json.dumps(config.model_dump(mode="json"))],
         stdout=subprocess.PIPE, text=True, cwd=os.getcwd(),

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from nibble.config import WeightSyncConfig
+from nibble.launcher import free_port
 from nibble.model import MoETransformer, tiny
 from nibble.recipe import PrecisionPlan
 from nibble.recipe.export import published_state
@@ -33,7 +34,9 @@ class Harness:
         self.clients: list = []
 
     def start(self, **config) -> WeightSyncServer:
-        settings = {"port": 0, "publish_port": 0, "store_dir": self.store_dir, "chunk_bytes": 64 * 1024, **config}
+        # ports drawn below the ephemeral range: a test that restarts a server on its port needs it still free
+        ports = {"port": free_port(), "publish_port": free_port()}
+        settings = {**ports, "store_dir": self.store_dir, "chunk_bytes": 64 * 1024, **config}
         server = WeightSyncServer(WeightSyncConfig(**settings), environ=TOKENS)
         server.start()
         self.servers.append(server)

@@ -102,7 +102,7 @@ def test_numeric_reward_needs_numeric_answers(tmp_path):
 
 
 def test_custom_reward_runs_in_a_worker_and_failures_become_none(path):
-    with JsonlTask(path, reward="tests.nibble.tasks.reward_fixtures:behaves", reward_timeout=0.5) as task:
+    with JsonlTask(path, reward="tests.nibble.tasks.reward_fixtures:behaves", reward_timeout=5.0) as task:
         examples = task.eval_examples()[:3]
         responses = [examples[0].answer, "raise", "0"]
         assert task.score_many(examples, responses) == [1.0, None, 0.0]
