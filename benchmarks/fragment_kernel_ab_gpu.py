@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import subprocess
 from pathlib import Path
 
@@ -102,24 +103,23 @@ def grouped(sources: dict[str, Path]) -> list[dict]:
 
 
 def sweep() -> list[dict]:
-    """The working tree's gemv at every (prefetch, warps) for the default rows per CTA, 8192×7168."""
+    """The working tree's gemv at every (rows per CTA up to M's default, prefetch, warps), 8192×7168."""
     n, k = DENSE
     qws = packed_weights(n, k)
     out = []
     for m in (1, 8, 16, 32):
         qx = packed_activations(m, k)
         expected = gpu_gemm.fragment_matmul(qx, qws[0], torch.bfloat16, gemv=False)
-        for prefetch in (2, 4, 8):
-            for warps in (4, 8):
-                tile = (fragment_gemm.gemv_tile(m)[0], prefetch, warps)
+        rows = [tile[0] for tile in fragment_gemm.GEMV_TILES if tile[0] <= fragment_gemm.gemv_tile(m)[0]]
+        for tile in itertools.product(rows, (2, 4, 8), (4, 8)):
 
-                def run(i, qx=qx, tile=tile):
-                    return gpu_gemm.fragment_matmul(qx, qws[i], torch.bfloat16, gemv=True, tile=tile)
+            def run(i, qx=qx, tile=tile):
+                return gpu_gemm.fragment_matmul(qx, qws[i], torch.bfloat16, gemv=True, tile=tile)
 
-                t = graph_time(run, len(qws))["graph_s"] * 1e6
-                same = torch.equal(run(0), expected)
-                out.append({"shape": [n, k], "m": m, "tile": list(tile), "us": t, "same_bits": same})
-                print(f"sweep M={m:3d} tile={tile}: {t:7.2f} us  same bits {same}", flush=True)
+            t = graph_time(run, len(qws))["graph_s"] * 1e6
+            same = torch.equal(run(0), expected)
+            out.append({"shape": [n, k], "m": m, "tile": list(tile), "us": t, "same_bits": same})
+            print(f"sweep M={m:3d} tile={tile}: {t:7.2f} us  same bits {same}", flush=True)
     return out
 
 
