@@ -52,15 +52,21 @@ EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LOWEST_CHOSEN_PORT = 20000
 """Ports below stay for services users run themselves (Redis's 6379, Prometheus's 9090, databases)."""
 _handed_out: set[int] = set()
+"""Every port :func:`free_port` returned, passed over in later draws: its server may not have bound it yet."""
+_rng = random.SystemRandom()
+"""Ports are drawn from the OS's entropy, not from the ``random`` module's global generator: tests seed that
+one (hypothesis does, per example), and processes seeded alike would draw the same ports in the same order."""
 
 
-def _ports_below_ephemeral() -> range:
-    """Ports from LOWEST_CHOSEN_PORT up to the kernel's ephemeral range (empty where it cannot be read)."""
+def _ports_outside_ephemeral() -> list[int]:
+    """The ports from LOWEST_CHOSEN_PORT up to the kernel's ephemeral range and from its top up to 65535: both
+    sides, so that a range starting at or below LOWEST_CHOSEN_PORT still leaves ports to draw. Empty where the
+    range cannot be read (not Linux) or covers both sides."""
     try:
-        low = int(EPHEMERAL_RANGE_FILE.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return range(0)
-    return range(LOWEST_CHOSEN_PORT, low)
+        low, high = map(int, EPHEMERAL_RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        return []
+    return [*range(LOWEST_CHOSEN_PORT, low), *range(max(high + 1, LOWEST_CHOSEN_PORT), 65536)]
 
 
 def _binds(port: int) -> bool:
@@ -72,26 +78,38 @@ def _binds(port: int) -> bool:
     return True
 
 
+def _kernel_port() -> int:
+    """A free port of the kernel's choosing (``bind(0)``): one from its ephemeral range."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing uses now, for a server this process is about to start.
 
     A port the kernel hands out for ``bind(0)`` lies in its ephemeral range, from which every outgoing
     connection (a Redis client, a scrape) also takes its local port: one could take it before the server
     binds it (``Address already in use``, as a trainer's ``/metrics`` once met). So on Linux the port is
-    drawn at random below that range (``/proc/sys/net/ipv4/ip_local_port_range``, from
-    ``LOWEST_CHOSEN_PORT``), where only servers bind, and never twice by one process; elsewhere, or when
-    200 draws all find a port in use, the kernel chooses.
+    drawn at random outside that range (``/proc/sys/net/ipv4/ip_local_port_range``): from
+    ``LOWEST_CHOSEN_PORT`` up to its start, or above its top, where only servers bind. Where there are no
+    such ports (not Linux, or a range that covers them), or 200 draws all find a port in use, the kernel
+    chooses. Either way a port this process handed out before is passed over, as its server may not have
+    bound it yet (the kernel is asked again, up to 200 times, while its choice repeats one).
     """
-    candidates = _ports_below_ephemeral()
+    candidates = _ports_outside_ephemeral()
     if candidates:
         for _ in range(200):
-            port = random.choice(candidates)
+            port = _rng.choice(candidates)
             if port not in _handed_out and _binds(port):
                 _handed_out.add(port)
                 return port
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    for _ in range(200):
+        port = _kernel_port()
+        if port not in _handed_out:
+            break
+    _handed_out.add(port)
+    return port
 
 
 @dataclass

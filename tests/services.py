@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -35,26 +36,52 @@ def stop_process(process: subprocess.Popen | None, timeout: float) -> None:
         process.wait()
 
 
-def run_launcher(argv: list[str], timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """``subprocess.run(argv, capture_output=True, text=True, ...)`` for a ``nibble run`` launcher.
+def stop_launcher(process: subprocess.Popen, timeout: float = 30.0) -> tuple:
+    """Stop a ``nibble run`` launcher and, through it, every child it started; returns what
+    ``process.communicate()`` returns (the rest of its output, where that is piped).
 
-    Past ``timeout`` seconds the launcher gets two Ctrl-Cs (the second kills every child it started) and
-    then SIGKILL; its children live in sessions of their own, so a bare SIGKILL of the launcher would leave
-    Redis, weight-sync, the trainer and the samplers busy on the test machine's cores for the rest of the
-    suite. Raises ``subprocess.TimeoutExpired`` (with the output so far) as ``subprocess.run`` does.
+    Its children live in sessions of their own, so a bare SIGKILL of the launcher would leave Redis,
+    weight-sync, the trainer and the samplers orphaned, busy on the test machine's cores for the rest of the
+    suite. So it gets Ctrl-Cs (SIGINT), the first stopping its children in order and the next killing what
+    is left, one a second until it exits, its output read meanwhile (a launcher blocked writing to a full
+    pipe stops nothing); only past ``timeout`` seconds SIGKILL, of its process group where it leads one
+    (never the test run's own), else of the launcher alone.
     """
-    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as process:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        process.send_signal(signal.SIGINT)  # nothing once it has exited
+        try:
+            return process.communicate(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            continue
+    try:
+        leads_group = os.getpgid(process.pid) == process.pid
+    except ProcessLookupError:
+        leads_group = False
+    if leads_group:
+        os.killpg(process.pid, signal.SIGKILL)
+    else:
+        process.kill()
+    return process.communicate()
+
+
+def run_launcher(
+    argv: list[str], timeout: float, env: dict[str, str] | None = None, **popen_kwargs
+) -> subprocess.CompletedProcess:
+    """``subprocess.run(argv, capture_output=True, text=True, ...)`` for a ``nibble run`` launcher
+    (``popen_kwargs``, such as ``cwd``, go to ``subprocess.Popen``).
+
+    Past ``timeout`` seconds the launcher is stopped with :func:`stop_launcher` (Ctrl-Cs, so that it stops
+    every child it started, then SIGKILL), not killed outright as ``subprocess.run`` would. Raises
+    ``subprocess.TimeoutExpired`` (with the output so far) as ``subprocess.run`` does.
+    """
+    with subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **popen_kwargs
+    ) as process:
         try:
             stdout, stderr = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            process.send_signal(signal.SIGINT)
-            time.sleep(1.0)
-            process.send_signal(signal.SIGINT)
-            try:
-                stdout, stderr = process.communicate(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                stdout, stderr = process.communicate()
+            stdout, stderr = stop_launcher(process)
             raise subprocess.TimeoutExpired(argv, timeout, output=stdout, stderr=stderr) from None
     return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
 

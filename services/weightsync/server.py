@@ -350,7 +350,10 @@ class WeightSyncServer:
                 )
             )
         pool = ThreadPoolExecutor(self.config.server_threads, thread_name_prefix=f"weightsync-{name}")
-        server = grpc.server(pool, interceptors=interceptors, options=server_options())
+        # no SO_REUSEPORT (gRPC sets it by default on Linux): a second server started on this port must fail to
+        # bind it, not share it and take half of the connections (as the health server does too)
+        options = [*server_options(), ("grpc.so_reuseport", 0)]
+        server = grpc.server(pool, interceptors=interceptors, options=options)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         self._servers.append(server)
         return server

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.services import run_launcher
+
 ROOT = Path(__file__).resolve().parents[2]
 IMPORT_NAMES = ("nibble", "nibble.kernels", "nibble.sampler", "nibble.trainer", "nibble.weightsync", "nibble.wire")
 
@@ -67,14 +69,9 @@ def test_nibble_run_from_the_wheel_in_another_directory(wheel_venv, warm_start, 
     env.pop("PYTHONPATH", None)
     config = tmp_path / "smoke.yaml"
     config.write_text((ROOT / "configs" / "smoke.yaml").read_text())
-    result = subprocess.run(
-        [venv / "bin" / "nibble", "run", "--config", str(config), "--out", "run"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        cwd=tmp_path,
-    )
+    # run_launcher: past its timeout the launcher is stopped with Ctrl-Cs, which stop the services it started
+    nibble = str(venv / "bin" / "nibble")
+    result = run_launcher([nibble, "run", "--config", str(config), "--out", "run"], timeout=600, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert (tmp_path / "run" / "summary.json").is_file()
     for log in (tmp_path / "run" / "logs").glob("*.log"):

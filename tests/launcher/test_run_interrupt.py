@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.launcher.stack import metrics_lines, wait_for_step
-from tests.services import run_launcher
+from tests.services import run_launcher, stop_launcher
 
 ROOT = Path(__file__).resolve().parents[2]
 NIBBLE = str(Path(sys.executable).with_name("nibble"))
@@ -108,8 +108,8 @@ def interrupted(warm_start, tmp_path_factory):
         seconds = time.monotonic() - sent
         done.set()
     finally:
-        if launcher.poll() is None:
-            launcher.kill()
+        if launcher.poll() is None:  # stopped with Ctrl-Cs: a bare kill would leave its children running
+            stop_launcher(launcher)
     return SimpleNamespace(out=out, code=launcher.returncode, stdout=stdout, stderr=stderr, seconds=seconds,
                            names=sorted(pids.values()), exits={k: v - sent for k, v in exits.items()})  # fmt: skip
 

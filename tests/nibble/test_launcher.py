@@ -97,8 +97,6 @@ def test_directories_a_run_keeps_in_its_folder_are_named_when_the_config_sets_ot
 
 
 def test_a_config_the_run_folder_would_make_invalid_is_refused_naming_the_fields(tmp_path):
-    import pytest
-
     from nibble.config import load
 
     config = load(None)
@@ -114,11 +112,27 @@ def ephemeral_range() -> range:
     return range(low, high + 1)
 
 
-@pytest.mark.skipif(not launcher.EPHEMERAL_RANGE_FILE.is_file(), reason="needs Linux's ephemeral port range")
-def test_ports_for_servers_lie_below_the_range_outgoing_connections_take_theirs_from_and_never_repeat():
+class Draws:
+    """Stands in for ``launcher._rng``: its choices are ``ports``, in order."""
+
+    def __init__(self, *ports: int):
+        self.ports = iter(ports)
+
+    def choice(self, _candidates) -> int:
+        return next(self.ports)
+
+
+outside_ephemeral = pytest.mark.skipif(
+    not launcher._ports_outside_ephemeral(),
+    reason="needs ports outside the kernel's ephemeral port range (Linux's ip_local_port_range) to draw from",
+)
+
+
+@outside_ephemeral
+def test_ports_for_servers_lie_outside_the_range_outgoing_connections_take_theirs_from_and_never_repeat():
     ports = [launcher.free_port() for _ in range(50)]
     assert len(set(ports)) == len(ports)
-    assert all(launcher.LOWEST_CHOSEN_PORT <= p < ephemeral_range().start for p in ports), ports
+    assert all(p >= launcher.LOWEST_CHOSEN_PORT and p not in ephemeral_range() for p in ports), ports
     with socket.socket() as server:  # each one a server can bind
         server.bind(("127.0.0.1", ports[0]))
         server.listen()
@@ -126,20 +140,38 @@ def test_ports_for_servers_lie_below_the_range_outgoing_connections_take_theirs_
             assert client.getsockname()[1] in ephemeral_range()
 
 
-@pytest.mark.skipif(not launcher.EPHEMERAL_RANGE_FILE.is_file(), reason="needs Linux's ephemeral port range")
+@outside_ephemeral
 def test_a_port_in_use_or_handed_out_before_is_passed_over(monkeypatch):
     handed_out = launcher.free_port()
-    below = reversed(launcher._ports_below_ephemeral())
-    spare = next(p for p in below if p not in launcher._handed_out and launcher._binds(p))
+    outside = reversed(launcher._ports_outside_ephemeral())
+    spare = next(p for p in outside if p not in launcher._handed_out and launcher._binds(p))
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
-        draws = iter([taken.getsockname()[1], handed_out, spare])
-        monkeypatch.setattr(launcher.random, "choice", lambda ports: next(draws))
+        monkeypatch.setattr(launcher, "_rng", Draws(taken.getsockname()[1], handed_out, spare))
         assert launcher.free_port() == spare
 
 
-def test_without_a_readable_ephemeral_range_the_kernel_chooses(tmp_path, monkeypatch):
-    monkeypatch.setattr(launcher, "EPHEMERAL_RANGE_FILE", tmp_path / "absent")
-    port = launcher.free_port()
+def test_a_range_that_starts_below_the_lowest_chosen_port_leaves_the_ports_above_its_top(tmp_path, monkeypatch):
+    monkeypatch.setattr(launcher, "EPHEMERAL_RANGE_FILE", tmp_path / "ip_local_port_range")
+    launcher.EPHEMERAL_RANGE_FILE.write_text("1024\t64999\n")
+    assert launcher._ports_outside_ephemeral() == list(range(65000, 65536))
+    assert 65000 <= launcher.free_port() <= 65535
+    launcher.EPHEMERAL_RANGE_FILE.write_text("32768\t60999\n")  # the usual: both sides
+    assert launcher._ports_outside_ephemeral() == [*range(launcher.LOWEST_CHOSEN_PORT, 32768), *range(61000, 65536)]
+
+
+@pytest.mark.skipif(not launcher.EPHEMERAL_RANGE_FILE.is_file(), reason="needs Linux's ephemeral port range")
+@pytest.mark.parametrize("content", [None, "1024\t65535\n"], ids=["unreadable", "covering-all-ports"])
+def test_without_ports_outside_the_ephemeral_range_the_kernel_chooses_and_never_repeats(content, tmp_path, monkeypatch):
+    kernels = ephemeral_range()  # the real one, read before the file is replaced
+    if content is not None:
+        (tmp_path / "ip_local_port_range").write_text(content)
+    monkeypatch.setattr(launcher, "EPHEMERAL_RANGE_FILE", tmp_path / "ip_local_port_range")
+    ports = [launcher.free_port() for _ in range(20)]  # 20: a fallback drawing anywhere else would miss
+    assert all(p in kernels and p in launcher._handed_out for p in ports), ports  # bind(0)'s, recorded
     with socket.socket() as server:
-        server.bind(("127.0.0.1", port))
+        server.bind(("127.0.0.1", ports[0]))
+    fresh = next(p for p in kernels if p not in launcher._handed_out)
+    choices = iter([ports[0], fresh])  # the kernel repeating a port handed out before is asked again
+    monkeypatch.setattr(launcher, "_kernel_port", lambda: next(choices))
+    assert launcher.free_port() == fresh

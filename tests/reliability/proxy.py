@@ -32,20 +32,23 @@ class Proxy:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", self.port))
         listener.listen()
-        self._listener = listener
+        with self._lock:
+            self._listener = listener
         threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
 
     def cut(self) -> None:
         """Reset every open connection and stop listening (clients see refused connections)."""
-        if self._listener is not None:
+        # listener and connections taken in one step under the lock, which _accept checks the listener under:
+        # a connection accepted meanwhile is either among these or closed by _accept itself
+        with self._lock:
+            listener, self._listener = self._listener, None
+            sockets, self._sockets = self._sockets, set()
+        if listener is not None:
             # a close alone leaves the port listening while the accept thread is blocked in accept();
             # shutdown wakes it (EINVAL) and stops the listening at once
             with contextlib.suppress(OSError):
-                self._listener.shutdown(socket.SHUT_RDWR)
-            self._listener.close()
-            self._listener = None
-        with self._lock:
-            sockets, self._sockets = self._sockets, set()
+                listener.shutdown(socket.SHUT_RDWR)
+            listener.close()
         for sock in sockets:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
@@ -63,6 +66,12 @@ class Proxy:
                 client.close()
                 continue
             with self._lock:
+                # accepted while cut() ran (its listener since closed, or replaced by restore()): this
+                # connection missed the cut's reset, so it is closed here and the old listener's thread ends
+                if self._listener is not listener:
+                    client.close()
+                    upstream.close()
+                    return
                 self._sockets |= {client, upstream}
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()

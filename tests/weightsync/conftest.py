@@ -34,7 +34,7 @@ class Harness:
         self.clients: list = []
 
     def start(self, **config) -> WeightSyncServer:
-        # ports drawn below the ephemeral range: a test that restarts a server on its port needs it still free
+        # ports drawn outside the ephemeral range: a test that restarts a server on its port needs it still free
         ports = {"port": free_port(), "publish_port": free_port()}
         settings = {**ports, "store_dir": self.store_dir, "chunk_bytes": 64 * 1024, **config}
         server = WeightSyncServer(WeightSyncConfig(**settings), environ=TOKENS)

@@ -194,6 +194,12 @@ def test_a_watcher_reconnects_to_a_restarted_server_without_repeating_versions(h
     assert seen.empty()
 
 
+def test_a_second_server_on_a_port_in_use_fails_to_bind_it_instead_of_sharing_it(harness):
+    first = harness.start()
+    with pytest.raises(ValueError):  # with SO_REUSEPORT (gRPC's default) both would listen, sharing connections
+        harness.start(publish_port=first.publish_port)
+
+
 def test_both_ports_report_serving_without_a_token_and_metrics_are_exported(harness):
     server = harness.start()
     for port in (server.publish_port, server.port):

@@ -102,7 +102,9 @@ def running(pid: int) -> bool:
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 def test_a_timeout_also_kills_processes_the_function_started(tmp_path):
     pid_file = tmp_path / "child.pid"
-    with RewardRunner("tests.nibble.tasks.reward_fixtures:spawns_and_hangs", timeout=0.5) as runner:
+    # 2 s: time for the function to start its child and write the pid file before the call times out, even
+    # on a busy 2-core CI machine (the child's death is then awaited separately, up to 5 s)
+    with RewardRunner("tests.nibble.tasks.reward_fixtures:spawns_and_hangs", timeout=2.0) as runner:
         assert runner.score("p", str(pid_file), "a") is None
         child = int(pid_file.read_text())
         deadline = time.monotonic() + 5
