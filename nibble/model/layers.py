@@ -8,7 +8,7 @@ from torch import nn
 
 from nibble.model.config import ModelConfig
 from nibble.model.kv_cache import KVCache
-from nibble.recipe.compute import AttentionMask, attention, linear, rms_normalize, softmax
+from nibble.recipe.compute import AttentionMask, attention, linear, rms_normalize, runs_rms_norm_kernel, softmax
 from nibble.recipe.modules import PlannedExperts, PlannedLinear, bf16_operand
 from nibble.recipe.plan import PrecisionPlan
 from nibble.recipe.quant import quantize_weights_together
@@ -24,8 +24,13 @@ class RMSNorm(nn.Module):
         self.eps, self.plan = eps, plan
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        normed = rms_normalize(x, self.eps)
-        return bf16_operand(self.weight, self.plan) * normed.to(self.plan.torch_compute_dtype)
+        """``x [..., size]`` -> ``[..., size]`` in the plan's compute dtype."""
+        dtype = self.plan.torch_compute_dtype
+        if runs_rms_norm_kernel(x, self.weight, dtype):
+            from nibble.kernels.gpu import rms_norm  # imports triton: only where the kernel runs
+
+            return rms_norm.rms_norm(x, self.weight, self.eps)
+        return bf16_operand(self.weight, self.plan) * rms_normalize(x, self.eps).to(dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

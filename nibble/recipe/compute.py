@@ -234,3 +234,13 @@ def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     """``x / sqrt(mean(x²) + eps)`` in float32; the mean is reduced in float64 (row-invariant)."""
     x64 = x.to(torch.float64)
     return (x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)).to(torch.float32)
+
+
+def runs_rms_norm_kernel(x: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether an RMSNorm of ``x [..., n]`` with ``weight [n]`` in compute dtype ``dtype`` runs the fused Triton
+    kernel (:func:`nibble.kernels.gpu.rms_norm.rms_norm`: one launch, the composition's bits, measured on the
+    GPU by its test): bfloat16 compute on CUDA, no gradient wanted (sampler decode, scoring) and triton
+    installed. With a gradient the composition runs, so that the straight-through weight cast
+    (:func:`nibble.recipe.modules.bf16_operand`) gives the float32 master its unrounded gradient."""
+    wants_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    return dtype == torch.bfloat16 and x.is_cuda and weight.is_cuda and not wants_grad and backend.triton_available()

@@ -1,0 +1,124 @@
+"""Fused RMSNorm in Triton with the bits of the composition it replaces.
+
+:class:`nibble.model.layers.RMSNorm` in bf16 compute is, op by op on CUDA::
+
+    x64 = x.to(float64)
+    normed = (x64 * rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)).to(float32)
+    y = weight.to(bfloat16) * normed.to(bfloat16)          # a bf16 product: float32, rounded once
+
+nine kernels and three float64 intermediates per call, four calls per decoder layer (input, post-attention,
+q and k norms) — at sampler decode a visible share of a step's GPU time. One program here holds a tile of
+rows and repeats each operation with the same rounding:
+
+- squares of float inputs of at most float32 width are exact in float64, and so is their sum whenever the
+  row's magnitudes span less than ~2⁴⁰ (every row of a network in practice): the summation order, which
+  differs from PyTorch's reduction tree, then leaves the sum alone, exactly as the composition already relies
+  on to be row-invariant (:mod:`nibble.recipe.compute`);
+- the mean multiplies by ``fl(1/n)``, as PyTorch's CUDA ``mean`` does (its CPU ``mean`` divides instead);
+- ``eps`` and ``fl(1/n)`` arrive as float64 (a Python float would become a float32 kernel argument), and
+  ``enable_fp_fusion=False`` keeps ``mean + eps`` from becoming an FMA;
+- ``rsqrt`` is float64 ``rsqrt`` (libdevice's on CUDA, the same routine as PyTorch's);
+- each rounding to bfloat16 is explicit round-to-nearest-even on the float32 bits, because Triton's
+  interpreter (the CPU tests) truncates in its float32 -> bfloat16 casts.
+
+The GPU test (``tests/kernels/test_rms_norm.py``) compares every bit with the composition on CUDA; should a
+row ever span more than float64 can sum exactly, the two could differ in the last bit of that row, as the
+composition's own results for different row counts could.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+# a program holds ~2048 elements: several short rows (q/k norms over a head) or a chunk of a long one
+_TILE_ELEMENTS = 2048
+_MAX_BLOCK_N = 2048
+_NUM_WARPS = 4
+
+
+@triton.jit
+def _round_to_bf16(v):
+    """float32 ``v`` rounded to the nearest bfloat16, ties to even, returned as float32; NaN kept."""
+    bits = v.to(tl.uint32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return tl.where(v == v, rounded.to(tl.float32, bitcast=True), v)
+
+
+@triton.jit
+def rms_norm_kernel(
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    ROWS,
+    N,
+    inv_n: tl.float64,
+    eps: tl.float64,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    N_CHUNKS: tl.constexpr,
+):
+    """``out[r, :] = bf16(bf16(w) * bf16(f32(x[r, :] * rsqrt(Σ x[r, :]² · inv_n + eps))))`` for contiguous
+    ``x [ROWS, N]`` (any float dtype up to float32), ``w [N]``, ``out [ROWS, N]`` bfloat16; ``N ≤ N_CHUNKS ·
+    BLOCK_N``. Two passes over the row: the float64 sum of squares, then the scaled and rounded output."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < ROWS
+    rows = tl.where(row_ok, rows, 0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    sum_sq = tl.zeros((BLOCK_R,), dtype=tl.float64)
+    for chunk in tl.static_range(N_CHUNKS):
+        k = chunk * BLOCK_N + cols
+        ok = row_ok[:, None] & (k < N)[None, :]
+        v = tl.load(x_ptr + rows[:, None] * N + k[None, :], mask=ok, other=0.0).to(tl.float64)
+        sum_sq += tl.sum(v * v, axis=1)
+    inv_rms = tl.math.rsqrt(sum_sq * inv_n + eps)
+    for chunk in tl.static_range(N_CHUNKS):
+        k = chunk * BLOCK_N + cols
+        col_ok = k < N
+        ok = row_ok[:, None] & col_ok[None, :]
+        offs = rows[:, None] * N + k[None, :]
+        v = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float64)
+        normed = _round_to_bf16((v * inv_rms[:, None]).to(tl.float32))
+        w = _round_to_bf16(tl.load(w_ptr + k, mask=col_ok, other=0.0).to(tl.float32))
+        tl.store(out_ptr + offs, _round_to_bf16(w[None, :] * normed).to(tl.bfloat16), mask=ok)
+
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``bf16(weight) * bf16(x / sqrt(mean(x²) + eps))`` over the last dim, bit for bit the composition
+    of :class:`nibble.model.layers.RMSNorm` in bf16 compute on CUDA (module docstring).
+
+    Args:
+        x: ``[..., n]`` float32, bfloat16 or float16, any strides (made contiguous).
+        weight: ``[n]`` in one of those dtypes, on ``x``'s device.
+        eps: added to the mean square (float64), ≥ 0.
+    Returns ``[..., n]`` bfloat16. CUDA tensors run compiled; CPU tensors only under ``TRITON_INTERPRET=1``
+    (tests).
+    Raises:
+        ValueError: mismatched shapes, dtypes or devices, or a negative or non-finite ``eps``.
+    """
+    if weight.dim() != 1 or x.dim() == 0 or x.shape[-1] != weight.shape[0]:
+        raise ValueError(f"RMSNorm needs x [..., n] and weight [n], got {tuple(x.shape)} and {tuple(weight.shape)}")
+    if x.dtype not in FLOAT_DTYPES or weight.dtype not in FLOAT_DTYPES or x.device != weight.device:
+        raise ValueError(
+            f"RMSNorm operands must be in {FLOAT_DTYPES} on one device, got {x.dtype} on {x.device} and "
+            f"{weight.dtype} on {weight.device}"
+        )
+    if not (eps >= 0 and eps < float("inf")):
+        raise ValueError(f"RMSNorm eps must be finite and >= 0, got {eps}")
+    n = x.shape[-1]
+    out = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
+    rows = out.numel() // n if n else 0
+    if rows == 0:
+        return out
+    block_n = min(triton.next_power_of_2(n), _MAX_BLOCK_N)
+    block_r = max(1, _TILE_ELEMENTS // block_n)
+    args = (x.contiguous(), weight.contiguous(), out, rows, n, 1.0 / n, float(eps))
+    grid = (triton.cdiv(rows, block_r),)
+    meta = {"BLOCK_R": block_r, "BLOCK_N": block_n, "N_CHUNKS": triton.cdiv(n, block_n)}
+    if x.is_cuda:
+        rms_norm_kernel[grid](*args, **meta, num_warps=_NUM_WARPS, enable_fp_fusion=False)
+    else:
+        rms_norm_kernel[grid](*args, **meta)
+    return out
