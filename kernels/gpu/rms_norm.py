@@ -7,8 +7,10 @@
     y = weight.to(bfloat16) * normed.to(bfloat16)          # a bf16 product: float32, rounded once
 
 nine kernels and three float64 intermediates per call, four calls per decoder layer (input, post-attention,
-q and k norms) — at sampler decode a visible share of a step's GPU time. One program here holds a tile of
-rows and repeats each operation with the same rounding:
+q and k norms), and the rotary embedding that follows the q and k norms is five more (a product, a
+negation, a concatenation, a product, a sum) — at sampler decode a visible share of a step's GPU time.
+One program here holds a tile of rows and repeats each operation with the same rounding (the rotation
+optionally, per head):
 
 - squares of float inputs of at most float32 width are exact in float64, and so is their sum whenever the
   row's magnitudes span less than ~2⁴⁰ (every row of a network in practice): the summation order, which
@@ -19,7 +21,9 @@ rows and repeats each operation with the same rounding:
   ``enable_fp_fusion=False`` keeps ``mean + eps`` from becoming an FMA;
 - ``rsqrt`` is float64 ``rsqrt`` (libdevice's on CUDA, the same routine as PyTorch's);
 - each rounding to bfloat16 is explicit round-to-nearest-even on the float32 bits, because Triton's
-  interpreter (the CPU tests) truncates in its float32 -> bfloat16 casts.
+  interpreter (the CPU tests) truncates in its float32 -> bfloat16 casts;
+- the rotation's products and its sum are rounded to bfloat16 one by one, as PyTorch's bf16 operators do
+  (the sum first to float32), and its negation flips the sign of zeros as PyTorch's does.
 
 The GPU test (``tests/kernels/test_rms_norm.py``) compares every bit with the composition on CUDA; should a
 row ever span more than float64 can sum exactly, the two could differ in the last bit of that row, as the
@@ -45,21 +49,38 @@ def _round_to_bf16(v):
 
 
 @triton.jit
+def _scaled(x_ptr, w_ptr, offs, k, inv_rms, ok, col_ok):
+    """``bf16(bf16(w[k]) * bf16(f32(x[offs] * inv_rms)))`` as float32 (``offs [BLOCK_R, BLOCK_N]``)."""
+    v = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float64)
+    normed = _round_to_bf16((v * inv_rms[:, None]).to(tl.float32))
+    w = _round_to_bf16(tl.load(w_ptr + k, mask=col_ok, other=0.0).to(tl.float32))
+    return _round_to_bf16(w[None, :] * normed)
+
+
+@triton.jit
 def rms_norm_kernel(
     x_ptr,
     w_ptr,
+    cos_ptr,
+    sin_ptr,
     out_ptr,
     ROWS,
     N,
+    HEADS,
     inv_n: tl.float64,
     eps: tl.float64,
+    ROPE: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
     N_CHUNKS: tl.constexpr,
 ):
-    """``out[r, :] = bf16(bf16(w) * bf16(f32(x[r, :] * rsqrt(Σ x[r, :]² · inv_n + eps))))`` for contiguous
+    """``y[r, :] = bf16(bf16(w) * bf16(f32(x[r, :] * rsqrt(Σ x[r, :]² · inv_n + eps))))`` for contiguous
     ``x [ROWS, N]`` (any float dtype up to float32), ``w [N]``, ``out [ROWS, N]`` bfloat16; ``N ≤ N_CHUNKS ·
-    BLOCK_N``. Two passes over the row: the float64 sum of squares, then the scaled and rounded output."""
+    BLOCK_N``. Two passes over the row: the float64 sum of squares, then the scaled and rounded output.
+
+    ``ROPE``: ``out = bf16(bf16(y · c) + bf16(rotate_half(y) · s))`` with ``c``, ``s`` the bf16 casts of row
+    ``r // HEADS`` of contiguous ``cos``, ``sin`` ``[ROWS / HEADS, N]`` (``N_CHUNKS == 1``, ``N`` even);
+    ``rotate_half(y) = (-y[N/2:], y[:N/2])`` needs each element's partner, computed again from its ``x``."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < ROWS
     rows = tl.where(row_ok, rows, 0).to(tl.int64)
@@ -76,23 +97,39 @@ def rms_norm_kernel(
         col_ok = k < N
         ok = row_ok[:, None] & col_ok[None, :]
         offs = rows[:, None] * N + k[None, :]
-        v = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float64)
-        normed = _round_to_bf16((v * inv_rms[:, None]).to(tl.float32))
-        w = _round_to_bf16(tl.load(w_ptr + k, mask=col_ok, other=0.0).to(tl.float32))
-        tl.store(out_ptr + offs, _round_to_bf16(w[None, :] * normed).to(tl.bfloat16), mask=ok)
+        y = _scaled(x_ptr, w_ptr, offs, k, inv_rms, ok, col_ok)
+        if ROPE:
+            first_half = k < N // 2
+            partner = tl.where(first_half, k + N // 2, k - N // 2)
+            partner_offs = rows[:, None] * N + partner[None, :]
+            y_partner = _scaled(x_ptr, w_ptr, partner_offs, partner, inv_rms, ok, col_ok)
+            # Triton's unary minus is 0 - y, which gives +0 for +0: PyTorch's neg flips the sign of zeros too
+            rotated = tl.where(first_half[None, :], y_partner * -1.0, y_partner)
+            table = (rows // HEADS)[:, None] * N + k[None, :]
+            c = _round_to_bf16(tl.load(cos_ptr + table, mask=ok, other=0.0).to(tl.float32))
+            s = _round_to_bf16(tl.load(sin_ptr + table, mask=ok, other=0.0).to(tl.float32))
+            y = _round_to_bf16(_round_to_bf16(y * c) + _round_to_bf16(rotated * s))
+        tl.store(out_ptr + offs, y.to(tl.bfloat16), mask=ok)
 
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, rope: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> torch.Tensor:
     """``bf16(weight) * bf16(x / sqrt(mean(x²) + eps))`` over the last dim, bit for bit the composition
-    of :class:`nibble.model.layers.RMSNorm` in bf16 compute on CUDA (module docstring).
+    of :class:`nibble.model.layers.RMSNorm` in bf16 compute on CUDA (module docstring); with ``rope``, also
+    the rotary embedding that :class:`nibble.model.layers.Attention` applies to its normed q and k heads
+    (``y · cos + rotate_half(y) · sin`` in bf16, each product and the sum rounded, as the composition does).
 
     Args:
-        x: ``[..., n]`` float32, bfloat16 or float16, any strides (made contiguous).
+        x: ``[..., n]`` float32, bfloat16 or float16, any strides (made contiguous); with ``rope``
+            ``[..., heads, n]`` (one row per head).
         weight: ``[n]`` in one of those dtypes, on ``x``'s device.
         eps: added to the mean square (float64), ≥ 0.
+        rope: ``(cos, sin)``, each ``x.shape[:-2] + (n,)`` (one row per position, shared by its heads) in one
+            of those dtypes (cast to bf16 as the composition does), or None. Needs n even and ≤ 2048.
     Returns ``[..., n]`` bfloat16. CUDA tensors run compiled; CPU tensors only under ``TRITON_INTERPRET=1``
     (tests).
     Raises:
@@ -100,23 +137,36 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """
     if weight.dim() != 1 or x.dim() == 0 or x.shape[-1] != weight.shape[0]:
         raise ValueError(f"RMSNorm needs x [..., n] and weight [n], got {tuple(x.shape)} and {tuple(weight.shape)}")
-    if x.dtype not in FLOAT_DTYPES or weight.dtype not in FLOAT_DTYPES or x.device != weight.device:
-        raise ValueError(
-            f"RMSNorm operands must be in {FLOAT_DTYPES} on one device, got {x.dtype} on {x.device} and "
-            f"{weight.dtype} on {weight.device}"
-        )
+    tables = () if rope is None else tuple(rope)
+    for t in (x, weight, *tables):
+        if t.dtype not in FLOAT_DTYPES or t.device != x.device:
+            raise ValueError(
+                f"RMSNorm operands must be in {FLOAT_DTYPES} on one device, got {t.dtype} on {t.device} "
+                f"(x: {x.dtype} on {x.device})"
+            )
     if not (eps >= 0 and eps < float("inf")):
         raise ValueError(f"RMSNorm eps must be finite and >= 0, got {eps}")
     n = x.shape[-1]
+    if rope is not None:
+        table_shape = (*x.shape[:-2], n)
+        if len(tables) != 2 or x.dim() < 2 or any(tuple(t.shape) != table_shape for t in tables):
+            raise ValueError(
+                f"rope needs (cos, sin), each {table_shape} for x [..., heads, n] {tuple(x.shape)}, "
+                f"got {[tuple(t.shape) for t in tables]}"
+            )
+        if n % 2 or n > _MAX_BLOCK_N:
+            raise ValueError(f"rope needs an even head size of at most {_MAX_BLOCK_N}, got {n}")
     out = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
     rows = out.numel() // n if n else 0
     if rows == 0:
         return out
     block_n = min(triton.next_power_of_2(n), _MAX_BLOCK_N)
     block_r = max(1, _TILE_ELEMENTS // block_n)
-    args = (x.contiguous(), weight.contiguous(), out, rows, n, 1.0 / n, float(eps))
+    cos, sin = (t.contiguous() for t in tables) if rope is not None else (x, x)
+    heads = x.shape[-2] if rope is not None else 1
+    args = (x.contiguous(), weight.contiguous(), cos, sin, out, rows, n, heads, 1.0 / n, float(eps))
     grid = (triton.cdiv(rows, block_r),)
-    meta = {"BLOCK_R": block_r, "BLOCK_N": block_n, "N_CHUNKS": triton.cdiv(n, block_n)}
+    meta = {"ROPE": rope is not None, "BLOCK_R": block_r, "BLOCK_N": block_n, "N_CHUNKS": triton.cdiv(n, block_n)}
     if x.is_cuda:
         rms_norm_kernel[grid](*args, **meta, num_warps=_NUM_WARPS, enable_fp_fusion=False)
     else:

@@ -66,11 +66,24 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(b, t, -1, hd)
         k = self.k_proj(x).view(b, t, -1, hd)
         v = self.v_proj(x).view(b, t, -1, hd)
-        if self.config.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = cos.unsqueeze(1).to(q.dtype), sin.unsqueeze(1).to(q.dtype)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        dtype = self.plan.torch_compute_dtype
+        if self.config.qk_norm and all(
+            runs_rms_norm_kernel(t, norm.weight, dtype) for t, norm in ((q, self.q_norm), (k, self.k_norm))
+        ):
+            from nibble.kernels.gpu import rms_norm  # imports triton: only where the kernel runs
+
+            # one launch for each head's norm and rotation, the same bits as the composition below
+            q, k = (
+                rms_norm.rms_norm(t, norm.weight, norm.eps, rope=(cos, sin))
+                for t, norm in ((q, self.q_norm), (k, self.k_norm))
+            )
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        else:
+            if self.config.qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
+            cos, sin = cos.unsqueeze(1).to(q.dtype), sin.unsqueeze(1).to(q.dtype)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         if cache is not None:
             k, v = cache.update(layer, k, v)
         out = attention(q, k, v, mask)  # grouped-query: k, v keep their kv heads

@@ -119,7 +119,7 @@ class MoETransformer(nn.Module):
         inv_freq, scale = frequencies(
             c.head_dim, c.rope_theta, c.max_position_embeddings, c.rope_scaling, positions.device
         )
-        cos, sin = rotary(positions, inv_freq, scale)
+        cos, sin = (t.to(cd) for t in rotary(positions, inv_freq, scale))  # cast once, not in every layer
         for layer in self.model.layers:
             x = layer(x, cos, sin, mask, kv_cache)
         return self.lm_head(self.model.norm(x[:, logits_from:])).to(torch.float32)

@@ -15,7 +15,9 @@ from tests.helpers import assert_same_bits, gaussian, heavy_tailed
 
 pytest.importorskip("triton", reason="the triton package is not installed")
 from nibble.kernels.gpu import rms_norm  # imports triton, hence after the skip
+from nibble.model import MoETransformer, tiny
 from nibble.model.layers import RMSNorm
+from nibble.model.rope import rotary
 from nibble.recipe import compute
 from nibble.recipe.modules import bf16_operand
 from nibble.recipe.plan import PrecisionPlan
@@ -35,6 +37,20 @@ def _cuda_composition(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torc
     mean_sq = x64.pow(2).sum(-1, keepdim=True) * (1.0 / x.shape[-1])
     normed = (x64 * torch.rsqrt(mean_sq + eps)).to(torch.float32).to(torch.bfloat16)
     return weight.to(torch.bfloat16) * normed
+
+
+def _rope_composition(x: torch.Tensor, weight: torch.Tensor, eps: float, cos, sin, norm=_cuda_composition):
+    """:class:`Attention`'s q/k path: the norm over each head, then RoPE in bf16 (cos/sin ``[..., n]``)."""
+    y = norm(x, weight, eps)
+    cos, sin = cos.unsqueeze(-2).to(torch.bfloat16), sin.unsqueeze(-2).to(torch.bfloat16)
+    half = x.shape[-1] // 2
+    return y * cos + torch.cat((-y[..., half:], y[..., :half]), dim=-1) * sin
+
+
+def _rope_tables(batch: int, tokens: int, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    positions = torch.randint(0, 4096, (batch, tokens), generator=torch.Generator().manual_seed(seed))
+    inv_freq = 1.0 / 1e6 ** (torch.arange(0, n, 2, dtype=torch.float32) / n)
+    return rotary(positions, inv_freq, 1.3)
 
 
 def _inputs(rows: int, n: int, seed: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -111,6 +127,33 @@ def test_rejects_bad_operands(x, weight, eps, match):
         rms_norm.rms_norm(x, weight, eps)
 
 
+@pytest.mark.parametrize("n", [2, 32, 128, 576])
+@pytest.mark.parametrize("table_dtype", [torch.float32, torch.bfloat16])
+def test_rope_gives_the_attention_composition_bits(n, table_dtype):
+    cos, sin = (t.to(table_dtype) for t in _rope_tables(2, 3, n, n))
+    weight = 1 + 0.3 * gaussian((n,), n + 2)
+    for name, x in _inputs(2 * 3 * 5, n, n + 3, torch.bfloat16).items():
+        x = x.reshape(2, 3, 5, n)
+        y = rms_norm.rms_norm(x, weight, EPS, rope=(cos, sin))
+        assert_same_bits(_rope_composition(x, weight, EPS, cos, sin), y, f"{name}, n={n}")
+
+
+@pytest.mark.parametrize(
+    "x,tables,match",
+    [
+        (torch.ones(2, 3, 4, 8), (torch.ones(2, 3, 8),), r"rope needs \(cos, sin\)"),
+        (torch.ones(2, 3, 4, 8), (torch.ones(2, 4, 8), torch.ones(2, 4, 8)), r"each \(2, 3, 8\)"),
+        (torch.ones(8), (torch.ones(8), torch.ones(8)), r"x \[\.\.\., heads, n\]"),
+        (torch.ones(2, 4, 7), (torch.ones(2, 7), torch.ones(2, 7)), "an even head size of at most 2048"),
+        (torch.ones(1, 1, 4096), (torch.ones(1, 4096), torch.ones(1, 4096)), "an even head size of at most 2048"),
+        (torch.ones(2, 4, 8), (torch.ones(2, 8), torch.ones(2, 8, dtype=torch.int64)), "int64"),
+    ],
+)
+def test_rope_rejects_bad_tables(x, tables, match):
+    with pytest.raises(ValueError, match=match):
+        rms_norm.rms_norm(x, torch.ones(x.shape[-1]), EPS, rope=tables)
+
+
 def test_the_module_keeps_the_composition_off_cuda():
     x = gaussian((3, 64), 8).to(torch.bfloat16)
     assert not compute.runs_rms_norm_kernel(x, torch.ones(64), torch.bfloat16)
@@ -148,3 +191,29 @@ def test_module_on_cuda_runs_the_kernel_without_a_gradient_and_the_composition_w
     assert_same_bits(trained.detach().cpu(), fused, "module, no gradient against with one")
     trained.float().sum().backward()
     assert module.weight.grad is not None and module.weight.grad.dtype == torch.float32
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [64, 128, 256])
+def test_rope_gives_the_cuda_attention_composition_bits(n):
+    cos, sin = (t.cuda() for t in _rope_tables(64, 2, n, n))
+    weight = (1 + 0.3 * gaussian((n,), n + 2)).cuda()
+    for name, x in _inputs(64 * 2 * 32, n, n + 3, torch.bfloat16).items():
+        x = x.reshape(64, 2, 32, n).cuda()
+        reference = _rope_composition(x, weight, EPS, cos, sin, norm=_composition).cpu()
+        assert_same_bits(reference, rms_norm.rms_norm(x, weight, EPS, rope=(cos, sin)), f"{name}, n={n}")
+
+
+@pytest.mark.gpu
+def test_a_models_forward_without_a_gradient_gives_the_bits_of_its_forward_with_one():
+    # without a gradient every RMSNorm and the q/k norms with RoPE run fused; with one, the compositions
+    torch.manual_seed(0)
+    config = tiny(vocab_size=64)
+    plan = PrecisionPlan(num_layers=config.num_hidden_layers, compute_dtype="bfloat16", format="bf16")
+    model = MoETransformer(config, plan).cuda()
+    ids = torch.randint(0, 64, (3, 17), device="cuda")
+    with torch.no_grad():
+        fused = model(ids)
+    composed = model(ids)
+    assert composed.requires_grad
+    assert_same_bits(composed.detach().cpu(), fused, "logits")
