@@ -15,7 +15,8 @@ import triton.language as tl
 
 from ..fragments import NVFP4Fragments, mismatch, to_fragments
 from ..tensors import NVFP4_BLOCK, NVFP4Tensor
-from . import fragment_gemm, grouped
+from . import fragment_gemm
+from .expert_tiles import expert_tiles
 from .nvfp4 import dequantize
 from .nvfp4_gemm import nvfp4_gemm_kernel
 from .row_invariance import row_tile
@@ -193,7 +194,7 @@ def fragment_grouped_matmul(
         if gemv is None:
             gemv = per_expert <= CROSSOVER_ROWS["grouped"] and fragment_gemm.gemv_fits(per_expert, qx.shape[1])
         rows = fragment_gemm.rows_per_cta(per_expert, gemv)
-        tile_expert, tile_start, tile_end, num_tiles, max_tiles = _tiles(experts, num_experts, rows)
+        tile_expert, tile_start, tile_end, num_tiles, max_tiles = expert_tiles(experts, num_experts, rows)
         fragment_gemm.launch(
             x, xg, _fragments(qw), wg, out, rows_per_matrix=per_expert, gemv=gemv, x_rows=x_rows,
             tiles=(tile_expert, tile_start, tile_end, num_tiles), grid_rows=max_tiles,
@@ -218,7 +219,7 @@ def packed_grouped_matmul(
     x, xg = _activations(qx)
     wg = qw.global_scale.to(torch.float32).contiguous()
     block_m, num_warps = row_tile(r / num_experts, qx.device)
-    tile_expert, tile_start, tile_end, num_tiles, max_tiles = _tiles(experts, num_experts, block_m)
+    tile_expert, tile_start, tile_end, num_tiles, max_tiles = expert_tiles(experts, num_experts, block_m)
     w_codes, w_scales = _flat(qw)
     gather = x_rows is not None
     rows_index = x_rows if gather else tile_start
@@ -228,23 +229,3 @@ def packed_grouped_matmul(
         GROUPED=True, GATHER_X=gather, BLOCK_M=block_m,
     )  # fmt: skip
     return out
-
-
-def _tiles(experts: torch.Tensor, num_experts: int, block_m: int):
-    """Row tiles of expert-sorted rows, built on the device: each tile lies inside one expert's rows.
-
-    Returns ``(tile_expert, tile_start, tile_end, num_tiles, max_tiles)``: int32 ``[max_tiles]`` arrays, the
-    real tile count as a 1-element device tensor and its host-side upper bound (the launch grid).
-    """
-    r = experts.shape[0]
-    counts = grouped.expert_counts(experts, num_experts)
-    tiles = (counts + block_m - 1) // block_m
-    tile_cum = torch.cumsum(tiles, 0)
-    row_first = torch.cumsum(counts, 0) - counts
-    max_tiles = triton.cdiv(r, block_m) + num_experts
-    index = torch.arange(max_tiles, device=experts.device)
-    expert = torch.searchsorted(tile_cum, index, right=True).clamp(max=num_experts - 1)
-    local = index - (tile_cum - tiles)[expert]
-    start = row_first[expert] + local * block_m
-    end = row_first[expert] + counts[expert]
-    return expert.to(torch.int32), start.to(torch.int32), end.to(torch.int32), tile_cum[-1:].to(torch.int32), max_tiles
