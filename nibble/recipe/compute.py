@@ -17,7 +17,8 @@ the number of rows), which spares the float64 GEMMs and the float64 copies of th
 included) on every call. Likewise :func:`attention` on CUDA in bfloat16 runs the row-invariant
 Triton attention (:mod:`nibble.kernels.gpu.attention`: float32 online softmax over key blocks that start at
 each sequence's first real key, so padding and the key buffer's length leave a row's bits alone), and
-float64 elsewhere.
+float64 elsewhere. RMSNorm without a gradient on CUDA in bfloat16 runs one fused Triton kernel with the
+composition's bits (:func:`runs_rms_norm_kernel`).
 """
 
 from __future__ import annotations
