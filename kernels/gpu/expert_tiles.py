@@ -9,10 +9,16 @@ expert products' own quantiser. One launch here does it all, with the rows' orde
 sorted ``experts`` the rows of expert ``e`` start where a binary search for ``e`` lands.
 """
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
 
+from .. import backend as _backend
+
+# indices, counts and tile starts are int32: rows and block_m below 2**30 keep every sum in range
+_INT32_SAFE = 2**30
 # tiles per program (each compared with every expert's cumulative tile count)
 _BLOCK_T = 64
 
@@ -80,30 +86,41 @@ def expert_tiles(
     """Row tiles of expert-sorted rows, each inside one expert's rows.
 
     Args:
-        experts: int64 ``[R]``, sorted ascending, values in ``[0, num_experts)`` (not checked: a hot path;
-            :func:`nibble.kernels.gemm.grouped_matmul` validates on request), CUDA or (under the Triton
-            interpreter) CPU.
-        num_experts: ``E ≥ 1``.
-        block_m: rows per tile, ``≥ 1``.
+        experts: int64 ``[R]`` (R < 2³⁰), sorted ascending, values in ``[0, num_experts)`` — not checked (a hot
+            path; :func:`nibble.kernels.gemm.grouped_matmul` validates on request): unsorted rows give wrong
+            tiles and rows outside that range lie in no tile. CUDA, or the CPU under the Triton interpreter.
+        num_experts: ``1 ≤ E < 2³⁰``.
+        block_m: rows per tile, ``1 ≤ block_m < 2³⁰``.
     Returns:
         ``(tile_expert, tile_start, tile_end, num_tiles, max_tiles)``: int32 ``[max_tiles]`` arrays (tile
         ``t``'s expert and row span ``[start, end)``, ``start`` a multiple of ``block_m`` past the expert's
         first row), the real tile count as an int32 ``[1]`` device tensor, and its host-side upper bound
         ``cdiv(R, block_m) + E`` (the launch grid). Entries past the real count are not tiles.
     Raises:
-        ValueError: ``num_experts`` or ``block_m`` below 1, or ``experts`` not int64 ``[R]``.
+        ValueError: ``num_experts`` or ``block_m`` not an int in that range, ``experts`` not int64 ``[R]`` or
+            too long, or a CPU tensor without ``TRITON_INTERPRET=1``.
     """
-    if num_experts < 1 or block_m < 1:
-        raise ValueError(f"expert tiles need num_experts >= 1 and block_m >= 1, got {num_experts} and {block_m}")
-    if experts.dtype != torch.int64 or experts.dim() != 1:
-        raise ValueError(f"expert tiles need int64 experts [R], got {experts.dtype} {tuple(experts.shape)}")
+    for name, value in (("num_experts", num_experts), ("block_m", block_m)):
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value < _INT32_SAFE:
+            raise ValueError(f"expert tiles need {name} an int in [1, 2**30), got {value!r}")
+    if not isinstance(experts, torch.Tensor) or experts.dtype != torch.int64 or experts.dim() != 1:
+        raise ValueError(
+            f"expert tiles need int64 experts [R], got {getattr(experts, 'dtype', type(experts))} "
+            f"{tuple(getattr(experts, 'shape', ()))}"
+        )
     r = experts.shape[0]
+    if r >= _INT32_SAFE:
+        raise ValueError(f"expert tiles index rows in int32: at most 2**30 - 1 rows, got {r}")
+    _backend.resolve(experts.device, "triton")  # CUDA, or the CPU under TRITON_INTERPRET=1; else a ValueError
     max_tiles = triton.cdiv(r, block_m) + num_experts
     device = experts.device
     tile_expert, tile_start, tile_end = (torch.empty(max_tiles, dtype=torch.int32, device=device) for _ in range(3))
     num_tiles = torch.empty(1, dtype=torch.int32, device=device)
-    expert_tiles_kernel[(triton.cdiv(max_tiles, _BLOCK_T),)](
-        experts.contiguous(), tile_expert, tile_start, tile_end, num_tiles, r, num_experts, max_tiles, block_m,
-        STEPS=max(r.bit_length(), 1), BLOCK_E=max(triton.next_power_of_2(num_experts), 16), BLOCK_T=_BLOCK_T,
-    )  # fmt: skip
+    # a multiple of 4 halvings: one compilation per 16x range of R, the extra halvings idle (lo == hi)
+    steps = -(-max(r.bit_length(), 1) // 4) * 4
+    with torch.cuda.device(device) if experts.is_cuda else contextlib.nullcontext():  # Triton: current device
+        expert_tiles_kernel[(triton.cdiv(max_tiles, _BLOCK_T),)](
+            experts.contiguous(), tile_expert, tile_start, tile_end, num_tiles, r, num_experts, max_tiles, block_m,
+            STEPS=steps, BLOCK_E=max(triton.next_power_of_2(num_experts), 16), BLOCK_T=_BLOCK_T,
+        )  # fmt: skip
     return tile_expert, tile_start, tile_end, num_tiles, max_tiles

@@ -12,32 +12,36 @@ negation, a concatenation, a product, a sum) — at sampler decode a visible sha
 One program here holds a tile of rows and repeats each operation with the same rounding (the rotation
 optionally, per head):
 
-- squares of float inputs of at most float32 width are exact in float64, and so is their sum whenever the
-  row's magnitudes span less than ~2⁴⁰ (every row of a network in practice): the summation order, which
-  differs from PyTorch's reduction tree, then leaves the sum alone, exactly as the composition already relies
-  on to be row-invariant (:mod:`nibble.recipe.compute`);
+- the squares are exact in float64; for bf16 inputs (what the model feeds it) so is their sum whenever a
+  row's magnitudes span less than about 2^((37 - log2 n) / 2) (2¹² at n = 2048), and then the summation
+  order, which differs from PyTorch's reduction tree, leaves the sum alone. Past that span, and for float32
+  inputs (48-bit squares), the two orders can differ in the sum's last float64 bit, which reaches the bf16
+  output about once in 2⁴⁴ elements — the same bound the composition's own row invariance rests on
+  (:mod:`nibble.recipe.compute`);
 - the mean multiplies by ``fl(1/n)``, as PyTorch's CUDA ``mean`` does (its CPU ``mean`` divides instead);
 - ``eps`` and ``fl(1/n)`` arrive as float64 (a Python float would become a float32 kernel argument), and
   ``enable_fp_fusion=False`` keeps ``mean + eps`` from becoming an FMA;
 - ``rsqrt`` is float64 ``rsqrt`` (libdevice's on CUDA, the same routine as PyTorch's);
 - each rounding to bfloat16 is explicit round-to-nearest-even on the float32 bits, because Triton's
-  interpreter (the CPU tests) truncates in its float32 -> bfloat16 casts;
+  interpreter (the CPU tests) truncates in its float32 -> bfloat16 casts (and mishandles bf16 subnormals,
+  so there bf16 operands go in as float32 and the result comes out as float32, both exact);
 - the rotation's products and its sum are rounded to bfloat16 one by one, as PyTorch's bf16 operators do
   (the sum first to float32), and its negation flips the sign of zeros as PyTorch's does.
 
-The GPU test (``tests/kernels/test_rms_norm.py``) compares every bit with the composition on CUDA; should a
-row ever span more than float64 can sum exactly, the two could differ in the last bit of that row, as the
-composition's own results for different row counts could.
+The GPU test (``tests/kernels/test_rms_norm.py``) compares every bit with the composition on CUDA.
 """
 
 import torch
 import triton
 import triton.language as tl
 
+from .. import backend as _backend
+
 # a program holds ~2048 elements: several short rows (q/k norms over a head) or a chunk of a long one
 _TILE_ELEMENTS = 2048
 _MAX_BLOCK_N = 2048
 _NUM_WARPS = 4
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @triton.jit
@@ -75,8 +79,9 @@ def rms_norm_kernel(
     N_CHUNKS: tl.constexpr,
 ):
     """``y[r, :] = bf16(bf16(w) * bf16(f32(x[r, :] * rsqrt(Σ x[r, :]² · inv_n + eps))))`` for contiguous
-    ``x [ROWS, N]`` (any float dtype up to float32), ``w [N]``, ``out [ROWS, N]`` bfloat16; ``N ≤ N_CHUNKS ·
-    BLOCK_N``. Two passes over the row: the float64 sum of squares, then the scaled and rounded output.
+    ``x [ROWS, N]`` (any float dtype up to float32), ``w [N]``, ``out [ROWS, N]`` bfloat16 (float32 under the
+    interpreter); ``N ≤ N_CHUNKS · BLOCK_N``. Two passes over the row: the float64 sum of squares, then the
+    scaled and rounded output.
 
     ``ROPE``: ``out = bf16(bf16(y · c) + bf16(rotate_half(y) · s))`` with ``c``, ``s`` the bf16 casts of row
     ``r // HEADS`` of contiguous ``cos``, ``sin`` ``[ROWS / HEADS, N]`` (``N_CHUNKS == 1``, ``N`` even);
@@ -109,10 +114,7 @@ def rms_norm_kernel(
             c = _round_to_bf16(tl.load(cos_ptr + table, mask=ok, other=0.0).to(tl.float32))
             s = _round_to_bf16(tl.load(sin_ptr + table, mask=ok, other=0.0).to(tl.float32))
             y = _round_to_bf16(_round_to_bf16(y * c) + _round_to_bf16(rotated * s))
-        tl.store(out_ptr + offs, y.to(tl.bfloat16), mask=ok)
-
-
-FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+        tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=ok)  # bf16-exact: no rounding here
 
 
 def rms_norm(
@@ -133,7 +135,8 @@ def rms_norm(
     Returns ``[..., n]`` bfloat16. CUDA tensors run compiled; CPU tensors only under ``TRITON_INTERPRET=1``
     (tests).
     Raises:
-        ValueError: mismatched shapes, dtypes or devices, or a negative or non-finite ``eps``.
+        ValueError: mismatched shapes, dtypes or devices, a CPU tensor without ``TRITON_INTERPRET=1``, or an
+            ``eps`` that is not a finite float ≥ 0.
     """
     if weight.dim() != 1 or x.dim() == 0 or x.shape[-1] != weight.shape[0]:
         raise ValueError(f"RMSNorm needs x [..., n] and weight [n], got {tuple(x.shape)} and {tuple(weight.shape)}")
@@ -144,8 +147,9 @@ def rms_norm(
                 f"RMSNorm operands must be in {FLOAT_DTYPES} on one device, got {t.dtype} on {t.device} "
                 f"(x: {x.dtype} on {x.device})"
             )
-    if not (eps >= 0 and eps < float("inf")):
-        raise ValueError(f"RMSNorm eps must be finite and >= 0, got {eps}")
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0 <= eps < float("inf"):
+        raise ValueError(f"RMSNorm eps must be a finite float >= 0, got {eps!r}")
+    _backend.resolve(x.device, "triton")  # CUDA, or the CPU under TRITON_INTERPRET=1; else a ValueError
     n = x.shape[-1]
     if rope is not None:
         table_shape = (*x.shape[:-2], n)
@@ -156,19 +160,26 @@ def rms_norm(
             )
         if n % 2 or n > _MAX_BLOCK_N:
             raise ValueError(f"rope needs an even head size of at most {_MAX_BLOCK_N}, got {n}")
-    out = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
+    cuda = x.is_cuda
+    # the interpreter gets bf16 subnormals wrong: it is handed float32 (exact) and writes float32
+    out = torch.empty(x.shape, dtype=torch.bfloat16 if cuda else torch.float32, device=x.device)
     rows = out.numel() // n if n else 0
     if rows == 0:
-        return out
+        return out.to(torch.bfloat16)
+    x, weight, *tables = (
+        t.contiguous() if cuda or t.dtype != torch.bfloat16 else t.to(torch.float32).contiguous()
+        for t in (x, weight, *tables)
+    )
+    cos, sin = tables if rope is not None else (x, x)  # unread without ROPE
     block_n = min(triton.next_power_of_2(n), _MAX_BLOCK_N)
     block_r = max(1, _TILE_ELEMENTS // block_n)
-    cos, sin = (t.contiguous() for t in tables) if rope is not None else (x, x)
     heads = x.shape[-2] if rope is not None else 1
-    args = (x.contiguous(), weight.contiguous(), cos, sin, out, rows, n, heads, 1.0 / n, float(eps))
+    args = (x, weight, cos, sin, out, rows, n, heads, 1.0 / n, float(eps))
     grid = (triton.cdiv(rows, block_r),)
     meta = {"ROPE": rope is not None, "BLOCK_R": block_r, "BLOCK_N": block_n, "N_CHUNKS": triton.cdiv(n, block_n)}
-    if x.is_cuda:
-        rms_norm_kernel[grid](*args, **meta, num_warps=_NUM_WARPS, enable_fp_fusion=False)
+    if cuda:
+        with torch.cuda.device(x.device):  # Triton launches on the current device, not the tensors'
+            rms_norm_kernel[grid](*args, **meta, num_warps=_NUM_WARPS, enable_fp_fusion=False)
     else:
         rms_norm_kernel[grid](*args, **meta)
-    return out
+    return out.to(torch.bfloat16)

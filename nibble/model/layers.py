@@ -8,7 +8,15 @@ from torch import nn
 
 from nibble.model.config import ModelConfig
 from nibble.model.kv_cache import KVCache
-from nibble.recipe.compute import AttentionMask, attention, linear, rms_normalize, runs_rms_norm_kernel, softmax
+from nibble.recipe.compute import (
+    RMS_NORM_KERNEL_DTYPES,
+    AttentionMask,
+    attention,
+    linear,
+    rms_normalize,
+    runs_rms_norm_kernel,
+    softmax,
+)
 from nibble.recipe.modules import PlannedExperts, PlannedLinear, bf16_operand
 from nibble.recipe.plan import PrecisionPlan
 from nibble.recipe.quant import quantize_weights_together
@@ -66,16 +74,13 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(b, t, -1, hd)
         k = self.k_proj(x).view(b, t, -1, hd)
         v = self.v_proj(x).view(b, t, -1, hd)
-        dtype = self.plan.torch_compute_dtype
-        if self.config.qk_norm and all(
-            runs_rms_norm_kernel(t, norm.weight, dtype) for t, norm in ((q, self.q_norm), (k, self.k_norm))
-        ):
+        if self._fuses_norm_and_rope(q, k, cos, sin):
             from nibble.kernels.gpu import rms_norm  # imports triton: only where the kernel runs
 
             # one launch for each head's norm and rotation, the same bits as the composition below
             q, k = (
-                rms_norm.rms_norm(t, norm.weight, norm.eps, rope=(cos, sin))
-                for t, norm in ((q, self.q_norm), (k, self.k_norm))
+                rms_norm.rms_norm(heads, norm.weight, norm.eps, rope=(cos, sin))
+                for heads, norm in ((q, self.q_norm), (k, self.k_norm))
             )
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         else:
@@ -88,6 +93,21 @@ class Attention(nn.Module):
             k, v = cache.update(layer, k, v)
         out = attention(q, k, v, mask)  # grouped-query: k, v keep their kv heads
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+    def _fuses_norm_and_rope(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+        """Whether the q/k norms and RoPE run as the fused kernel: q/k norms whose kernel runs here
+        (:func:`runs_rms_norm_kernel`), and cos/sin ``[B, T, head_dim]`` for every sequence (the composition
+        also broadcasts ``[1, T, head_dim]``) in a dtype the kernel loads."""
+        dtype = self.plan.torch_compute_dtype
+        tables_fit = all(
+            tuple(table.shape) == (*q.shape[:2], q.shape[-1]) and table.dtype in RMS_NORM_KERNEL_DTYPES
+            for table in (cos, sin)
+        )
+        return (
+            self.config.qk_norm
+            and tables_fit
+            and all(runs_rms_norm_kernel(h, norm.weight, dtype) for h, norm in ((q, self.q_norm), (k, self.k_norm)))
+        )
 
 
 class MLP(nn.Module):

@@ -33,6 +33,8 @@ from torch.autograd.function import once_differentiable
 from nibble.kernels import backend
 
 WIDE = torch.float64
+# nibble.kernels.gpu.rms_norm.FLOAT_DTYPES, named here to spare the triton import (a test holds them equal)
+RMS_NORM_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -240,8 +242,15 @@ def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
 def runs_rms_norm_kernel(x: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype) -> bool:
     """Whether an RMSNorm of ``x [..., n]`` with ``weight [n]`` in compute dtype ``dtype`` runs the fused Triton
     kernel (:func:`nibble.kernels.gpu.rms_norm.rms_norm`: one launch, the composition's bits, measured on the
-    GPU by its test): bfloat16 compute on CUDA, no gradient wanted (sampler decode, scoring) and triton
-    installed. With a gradient the composition runs, so that the straight-through weight cast
-    (:func:`nibble.recipe.modules.bf16_operand`) gives the float32 master its unrounded gradient."""
+    GPU by its test): bfloat16 compute, both on one CUDA device in the kernel's dtypes (float32, bfloat16,
+    float16), no gradient wanted (sampler decode, scoring: the kernel has no backward) and triton installed."""
     wants_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-    return dtype == torch.bfloat16 and x.is_cuda and weight.is_cuda and not wants_grad and backend.triton_available()
+    return (
+        dtype == torch.bfloat16
+        and x.is_cuda
+        and weight.device == x.device
+        and x.dtype in RMS_NORM_KERNEL_DTYPES
+        and weight.dtype in RMS_NORM_KERNEL_DTYPES
+        and not wants_grad
+        and backend.triton_available()
+    )

@@ -71,15 +71,25 @@ def test_no_rows_and_empty_experts():
 @pytest.mark.parametrize(
     "experts,num_experts,block_m,match",
     [
-        (torch.zeros(4, dtype=torch.int64), 0, 4, "num_experts >= 1"),
-        (torch.zeros(4, dtype=torch.int64), 2, 0, "block_m >= 1"),
+        (torch.zeros(4, dtype=torch.int64), 0, 4, "num_experts an int"),
+        (torch.zeros(4, dtype=torch.int64), 2, 0, "block_m an int"),
         (torch.zeros(4, dtype=torch.int32), 2, 4, "int64 experts"),
         (torch.zeros(2, 2, dtype=torch.int64), 2, 4, r"experts \[R\]"),
+        ([0, 1], 2, 4, r"experts \[R\]"),
+        (torch.zeros(4, dtype=torch.int64), 2.0, 4, r"num_experts an int in \[1, 2\*\*30\)"),
+        (torch.zeros(4, dtype=torch.int64), True, 4, "num_experts an int"),
+        (torch.zeros(4, dtype=torch.int64), 2, 2**31 - 1, "block_m an int"),
     ],
 )
 def test_rejects_bad_arguments(experts, num_experts, block_m, match):
     with pytest.raises(ValueError, match=match):
         expert_tiles(experts, num_experts, block_m)
+
+
+def test_cpu_tensors_need_the_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        expert_tiles(torch.zeros(4, dtype=torch.int64), 2, 4)
 
 
 @pytest.mark.gpu

@@ -60,6 +60,7 @@ def _inputs(rows: int, n: int, seed: int, dtype: torch.dtype) -> dict[str, torch
         "gaussian": gaussian((rows, n), seed).to(dtype),
         "heavy_tailed": heavy_tailed((rows, n), seed).to(dtype),
         "extremes": extremes.clamp(-limit, limit).to(dtype),
+        "subnormal": (gaussian((rows, n), seed) * torch.finfo(dtype).smallest_normal).to(dtype),
         "zeros": torch.zeros((rows, n), dtype=dtype),
     }
 
@@ -75,6 +76,17 @@ def test_kernel_gives_the_composition_bits(n, x_dtype, w_dtype):
         assert_same_bits(_cuda_composition(x, weight, EPS), y, f"{name}, n={n}")
         if n & (n - 1) == 0:  # CPU mean and CUDA mean agree
             assert_same_bits(_composition(x, weight, EPS), y, f"{name}, n={n} (module composition)")
+
+
+def test_subnormal_weights_and_outputs():
+    # bf16 subnormals in the weight, so in the output too (Triton's interpreter mishandles bf16 subnormals)
+    n = 64
+    weight = (gaussian((n,), 11) * torch.finfo(torch.bfloat16).smallest_normal).to(torch.bfloat16)
+    assert (weight.abs() < torch.finfo(torch.bfloat16).smallest_normal).sum() > n // 4
+    x = heavy_tailed((5, n), 12).to(torch.bfloat16)
+    y = rms_norm.rms_norm(x, weight, EPS)
+    assert (y.abs() < torch.finfo(torch.bfloat16).smallest_normal).sum() > 0
+    assert_same_bits(_composition(x, weight, EPS), y, "subnormal weight")
 
 
 @pytest.mark.parametrize("eps", [0.0, 1e-5, 0.1])
@@ -118,13 +130,21 @@ def test_shapes_strides_and_empty_inputs():
         (torch.tensor(1.0), torch.ones(1), EPS, r"x \[\.\.\., n\]"),
         (torch.ones(2, 8, dtype=torch.float64), torch.ones(8), EPS, "float64"),
         (torch.ones(2, 8), torch.ones(8, dtype=torch.int32), EPS, "int32"),
-        (torch.ones(2, 8), torch.ones(8), -1e-6, "eps must be finite and >= 0"),
-        (torch.ones(2, 8), torch.ones(8), float("nan"), "eps must be finite and >= 0"),
+        (torch.ones(2, 8), torch.ones(8), -1e-6, "eps must be a finite float >= 0"),
+        (torch.ones(2, 8), torch.ones(8), float("nan"), "eps must be a finite float >= 0"),
+        (torch.ones(2, 8), torch.ones(8), "1e-6", "eps must be a finite float >= 0"),
+        (torch.ones(2, 8), torch.ones(8), True, "eps must be a finite float >= 0"),
     ],
 )
 def test_rejects_bad_operands(x, weight, eps, match):
     with pytest.raises(ValueError, match=match):
         rms_norm.rms_norm(x, weight, eps)
+
+
+def test_cpu_tensors_need_the_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        rms_norm.rms_norm(torch.ones(2, 8), torch.ones(8), EPS)
 
 
 @pytest.mark.parametrize("n", [2, 32, 128, 576])
@@ -155,6 +175,7 @@ def test_rope_rejects_bad_tables(x, tables, match):
 
 
 def test_the_module_keeps_the_composition_off_cuda():
+    assert compute.RMS_NORM_KERNEL_DTYPES == rms_norm.FLOAT_DTYPES
     x = gaussian((3, 64), 8).to(torch.bfloat16)
     assert not compute.runs_rms_norm_kernel(x, torch.ones(64), torch.bfloat16)
     module = RMSNorm(64, EPS, BF16_PLAN)
@@ -205,15 +226,20 @@ def test_rope_gives_the_cuda_attention_composition_bits(n):
 
 
 @pytest.mark.gpu
-def test_a_models_forward_without_a_gradient_gives_the_bits_of_its_forward_with_one():
+def test_a_models_forward_without_a_gradient_gives_the_bits_of_its_forward_with_one(monkeypatch):
     # without a gradient every RMSNorm and the q/k norms with RoPE run fused; with one, the compositions
     torch.manual_seed(0)
     config = tiny(vocab_size=64)
     plan = PrecisionPlan(num_layers=config.num_hidden_layers, compute_dtype="bfloat16", format="bf16")
     model = MoETransformer(config, plan).cuda()
     ids = torch.randint(0, 64, (3, 17), device="cuda")
+    calls = []
+    launch = rms_norm.rms_norm
+    monkeypatch.setattr(rms_norm, "rms_norm", lambda *a, **kw: calls.append("rope" in kw) or launch(*a, **kw))
     with torch.no_grad():
         fused = model(ids)
+    layers = config.num_hidden_layers
+    assert calls.count(True) == 2 * layers and calls.count(False) == 2 * layers + 1  # q/k; input/post; final
     composed = model(ids)
-    assert composed.requires_grad
+    assert composed.requires_grad and len(calls) == 4 * layers + 1
     assert_same_bits(composed.detach().cpu(), fused, "logits")
