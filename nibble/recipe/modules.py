@@ -81,6 +81,34 @@ class PlannedLinear(nn.Module):
             self.bias = nn.Parameter(self.bias.to(torch.bfloat16), requires_grad=False)
 
 
+def combine_in_expert_order(weighted: torch.Tensor, order: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Each token's sum of its ``top_k`` weighted expert outputs, accumulated in float32 from zero in ascending
+    expert order and rounded once to ``weighted``'s dtype.
+
+    That is what ``torch.index_add`` does on the CPU (bf16 included: it accumulates in float32); on CUDA
+    ``index_add`` adds with atomics in whatever order its threads run, rounding bf16 at every add, so with
+    more than two experts per token a sum's bits could change from run to run, and the sampler's from the
+    trainer's. Here the order and the roundings are fixed, and the same on every device.
+
+    Args:
+        weighted: ``[N * top_k, H]``, rows sorted by expert (row ``r`` holds flat routing slot ``order[r]``).
+        order: int64 ``[N * top_k]``, the stable sort of the flat expert indices ``[N, top_k]`` by expert.
+        top_k: experts per token.
+    Returns:
+        ``[N, H]`` in ``weighted``'s dtype.
+    """
+    tokens = order.numel() // top_k
+    position = torch.empty_like(order)
+    position[order] = torch.arange(order.numel(), device=order.device)
+    # a token's rows of ``weighted`` in ascending row order are its experts in ascending order
+    rows = position.view(tokens, top_k).sort(dim=1).values
+    contributions = weighted[rows].to(torch.float32)
+    out = torch.zeros((tokens, weighted.shape[1]), dtype=torch.float32, device=weighted.device)
+    for slot in range(top_k):
+        out = out + contributions[:, slot]
+    return out.to(weighted.dtype)
+
+
 class PlannedExperts(nn.Module):
     """Routed SwiGLU experts as stacks: ``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``.
 
@@ -113,7 +141,7 @@ class PlannedExperts(nn.Module):
         else:
             routed = self._looped(x.to(cd)[token], experts)
         weighted = routed * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(cd)
-        return torch.zeros(x.shape, dtype=cd, device=x.device).index_add(0, token, weighted)
+        return combine_in_expert_order(weighted, order, top_k_index.shape[1])
 
     def runs_grouped(self) -> bool:
         """Whether this forward runs the grouped products (else one matmul per expert)."""
