@@ -51,7 +51,7 @@ def variant(tokens: int, repeats: int) -> dict:
     weighted, order = weighted.cuda(), order.cuda()
     row = {"tokens": tokens, "elements": tokens * HIDDEN}
     for name, combine in (
-        ("index_add", lambda w, o: _index_add(w, o)),
+        ("index_add", _index_add),
         ("expert_order", lambda w, o: combine_in_expert_order(w, o, TOP_K)),
     ):
         outputs = [combine(weighted, order) for _ in range(repeats)]

@@ -12,6 +12,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from nibble.recipe.compute import linear
 from nibble.recipe.grouped import expert_linear, grouped_quantized_matmul
@@ -82,31 +83,50 @@ class PlannedLinear(nn.Module):
 
 
 def combine_in_expert_order(weighted: torch.Tensor, order: torch.Tensor, top_k: int) -> torch.Tensor:
-    """Each token's sum of its ``top_k`` weighted expert outputs, accumulated in float32 from zero in ascending
-    expert order and rounded once to ``weighted``'s dtype.
+    """Each token's sum of its ``top_k`` weighted expert outputs, accumulated in float32 (float64 stays
+    float64) from zero in ascending expert order and rounded once to ``weighted``'s dtype.
 
     That is what ``torch.index_add`` does on the CPU (bf16 included: it accumulates in float32); on CUDA
     ``index_add`` adds with atomics in whatever order its threads run, rounding bf16 at every add, so with
     more than two experts per token a sum's bits could change from run to run, and the sampler's from the
-    trainer's. Here the order and the roundings are fixed, and the same on every device.
+    trainer's. Here the order and the roundings are fixed, and the same on every device (which NaN comes
+    out of NaN inputs aside). The gradient is ``index_add``'s: each row gets its token's output gradient.
 
     Args:
         weighted: ``[N * top_k, H]``, rows sorted by expert (row ``r`` holds flat routing slot ``order[r]``).
-        order: int64 ``[N * top_k]``, the stable sort of the flat expert indices ``[N, top_k]`` by expert.
-        top_k: experts per token.
+        order: int64 ``[N * top_k]``, the stable argsort of the flat expert indices ``[N, top_k]``.
+        top_k: experts per token, ≥ 1.
     Returns:
         ``[N, H]`` in ``weighted``'s dtype.
     """
-    tokens = order.numel() // top_k
-    position = torch.empty_like(order)
-    position[order] = torch.arange(order.numel(), device=order.device)
-    # a token's rows of ``weighted`` in ascending row order are its experts in ascending order
-    rows = position.view(tokens, top_k).sort(dim=1).values
-    contributions = weighted[rows].to(torch.float32)
-    out = torch.zeros((tokens, weighted.shape[1]), dtype=torch.float32, device=weighted.device)
-    for slot in range(top_k):
-        out = out + contributions[:, slot]
-    return out.to(weighted.dtype)
+    return _CombineInExpertOrder.apply(weighted, order, top_k)
+
+
+class _CombineInExpertOrder(torch.autograd.Function):
+    """:func:`combine_in_expert_order` with ``index_add``'s backward (``grad.index_select`` of each row's
+    token): autograd through the forward's gathers and adds would build a ``[N, top_k, H]`` float32 buffer
+    per slot."""
+
+    @staticmethod
+    def forward(ctx, weighted: torch.Tensor, order: torch.Tensor, top_k: int) -> torch.Tensor:
+        ctx.save_for_backward(order)
+        ctx.top_k = top_k
+        tokens = order.numel() // top_k
+        position = torch.empty_like(order)
+        position[order] = torch.arange(order.numel(), device=order.device)
+        # a token's rows of ``weighted`` in ascending row order are its experts in ascending order
+        contributions = weighted[position.view(tokens, top_k).sort(dim=1).values]
+        accumulate = torch.promote_types(weighted.dtype, torch.float32)
+        out = torch.zeros((tokens, weighted.shape[1]), dtype=accumulate, device=weighted.device)
+        for slot in range(top_k):
+            out = out + contributions[:, slot]  # promoted to the accumulator's dtype exactly, then added
+        return out.to(weighted.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        (order,) = ctx.saved_tensors
+        return grad.index_select(0, order // ctx.top_k), None, None
 
 
 class PlannedExperts(nn.Module):

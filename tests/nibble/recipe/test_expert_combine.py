@@ -1,6 +1,7 @@
 """The MoE combine (:func:`nibble.recipe.modules.combine_in_expert_order`): each token's weighted expert
-outputs summed in ascending expert order, one rounding per add — the CPU's ``index_add`` bit for bit, and on
-CUDA the same bits as on the CPU (CUDA's ``index_add`` adds with atomics, in thread order)."""
+outputs summed in float32 in ascending expert order and rounded once — the CPU's ``index_add`` bit for bit,
+with its gradient, and on CUDA the same bits as on the CPU (CUDA's ``index_add`` adds with atomics, in
+thread order)."""
 
 import pytest
 import torch
@@ -9,22 +10,33 @@ from nibble.recipe.modules import combine_in_expert_order
 from tests.helpers import assert_same_bits, heavy_tailed
 
 
-def _routing(tokens: int, top_k: int, experts: int, hidden: int, dtype: torch.dtype, seed: int):
+def _routing(tokens: int, top_k: int, experts: int, hidden: int, dtype: torch.dtype, seed: int, repeats=False):
     gen = torch.Generator().manual_seed(seed)
-    top_i = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)])
+    if repeats:  # a token routed more than once to one expert
+        top_i = torch.randint(0, experts, (tokens, top_k), generator=gen)
+    else:
+        top_i = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)])
     flat = top_i.reshape(-1)
     order = torch.argsort(flat, stable=True)
     weighted = heavy_tailed((tokens * top_k, hidden), seed).to(dtype)  # rows sorted by expert
     return weighted, order
 
 
-@pytest.mark.parametrize("top_k", [1, 2, 3, 8])
+@pytest.mark.parametrize("top_k,repeats", [(1, False), (2, False), (3, False), (8, False), (16, False), (8, True)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_equals_the_cpus_index_add(top_k, dtype):
-    weighted, order = _routing(37, top_k, 16, 24, dtype, top_k)
+def test_equals_the_cpus_index_add_with_its_gradient(top_k, repeats, dtype):
+    weighted, order = _routing(37, top_k, 16, 24, dtype, top_k, repeats)
+    weighted[::5, 3] = -0.0  # signed zeros: -0 + -0 stays -0, -0 + 0 does not
     token = order // top_k
-    reference = torch.zeros((37, 24), dtype=dtype).index_add(0, token, weighted)
-    assert_same_bits(reference, combine_in_expert_order(weighted, order, top_k), f"top_k={top_k}")
+    grad = heavy_tailed((37, 24), 99).to(dtype)
+    old = weighted.clone().requires_grad_(True)
+    reference = torch.zeros((37, 24), dtype=dtype).index_add(0, token, old)
+    reference.backward(grad)
+    new = weighted.clone().requires_grad_(True)
+    combined = combine_in_expert_order(new, order, top_k)
+    combined.backward(grad)
+    assert_same_bits(reference.detach(), combined.detach(), f"top_k={top_k}")
+    assert_same_bits(old.grad, new.grad, f"gradient, top_k={top_k}")
 
 
 def test_no_tokens():
@@ -32,11 +44,15 @@ def test_no_tokens():
     assert out.shape == (0, 5)
 
 
-def test_gradients_reach_every_contribution():
-    weighted, order = _routing(5, 3, 8, 4, torch.float32, 1)
-    weighted.requires_grad_(True)
-    combine_in_expert_order(weighted, order, 3).sum().backward()
-    assert torch.equal(weighted.grad, torch.ones_like(weighted))
+def test_non_finite_contributions_stay_in_their_token():
+    weighted, order = _routing(6, 4, 8, 3, torch.bfloat16, 2)
+    weighted[0, 0], weighted[1, 1] = float("nan"), float("inf")
+    token = order // 4
+    reference = torch.zeros((6, 3), dtype=torch.bfloat16).index_add(0, token, weighted)
+    combined = combine_in_expert_order(weighted, order, 4)
+    assert torch.equal(reference.isnan(), combined.isnan())  # which NaN comes out is the hardware's
+    finite = ~reference.isnan()
+    assert_same_bits(reference[finite], combined[finite], "non-finite")
 
 
 @pytest.mark.gpu
