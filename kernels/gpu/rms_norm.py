@@ -36,12 +36,12 @@ import triton
 import triton.language as tl
 
 from .. import backend as _backend
+from ..validation import FLOAT_DTYPES
 
 # a program holds ~2048 elements: several short rows (q/k norms over a head) or a chunk of a long one
 _TILE_ELEMENTS = 2048
 _MAX_BLOCK_N = 2048
 _NUM_WARPS = 4
-FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @triton.jit

@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nibble.kernels.validation import FLOAT_DTYPES
 from nibble.model.config import ModelConfig
 from nibble.model.kv_cache import KVCache
 from nibble.recipe.compute import (
-    RMS_NORM_KERNEL_DTYPES,
     AttentionMask,
     attention,
     linear,
@@ -82,13 +82,12 @@ class Attention(nn.Module):
                 rms_norm.rms_norm(heads, norm.weight, norm.eps, rope=(cos, sin))
                 for heads, norm in ((q, self.q_norm), (k, self.k_norm))
             )
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         else:
             if self.config.qk_norm:
                 q, k = self.q_norm(q), self.k_norm(k)
-            cos, sin = cos.unsqueeze(1).to(q.dtype), sin.unsqueeze(1).to(q.dtype)
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            cos, sin = cos.unsqueeze(2).to(q.dtype), sin.unsqueeze(2).to(q.dtype)  # over the heads
             q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if cache is not None:
             k, v = cache.update(layer, k, v)
         out = attention(q, k, v, mask)  # grouped-query: k, v keep their kv heads
@@ -100,8 +99,7 @@ class Attention(nn.Module):
         also broadcasts ``[1, T, head_dim]``) in a dtype the kernel loads."""
         dtype = self.plan.torch_compute_dtype
         tables_fit = all(
-            tuple(table.shape) == (*q.shape[:2], q.shape[-1]) and table.dtype in RMS_NORM_KERNEL_DTYPES
-            for table in (cos, sin)
+            tuple(table.shape) == (*q.shape[:2], q.shape[-1]) and table.dtype in FLOAT_DTYPES for table in (cos, sin)
         )
         return (
             self.config.qk_norm

@@ -31,10 +31,9 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from nibble.kernels import backend
+from nibble.kernels.validation import FLOAT_DTYPES
 
 WIDE = torch.float64
-# nibble.kernels.gpu.rms_norm.FLOAT_DTYPES, named here to spare the triton import (a test holds them equal)
-RMS_NORM_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -249,8 +248,8 @@ def runs_rms_norm_kernel(x: torch.Tensor, weight: torch.Tensor, dtype: torch.dty
         dtype == torch.bfloat16
         and x.is_cuda
         and weight.device == x.device
-        and x.dtype in RMS_NORM_KERNEL_DTYPES
-        and weight.dtype in RMS_NORM_KERNEL_DTYPES
+        and x.dtype in FLOAT_DTYPES
+        and weight.dtype in FLOAT_DTYPES
         and not wants_grad
         and backend.triton_available()
     )
