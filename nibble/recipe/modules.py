@@ -14,6 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from nibble.kernels import backend
+from nibble.kernels.validation import FLOAT_DTYPES
 from nibble.recipe.compute import linear
 from nibble.recipe.grouped import expert_linear, grouped_quantized_matmul
 from nibble.recipe.linear import quantized_matmul, select
@@ -82,7 +84,7 @@ class PlannedLinear(nn.Module):
             self.bias = nn.Parameter(self.bias.to(torch.bfloat16), requires_grad=False)
 
 
-def combine_in_expert_order(weighted: torch.Tensor, order: torch.Tensor, top_k: int) -> torch.Tensor:
+def combine_in_expert_order(weighted: torch.Tensor, top_k_index: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     """Each token's sum of its ``top_k`` weighted expert outputs, accumulated in float32 (float64 stays
     float64) from zero in ascending expert order and rounded once to ``weighted``'s dtype.
 
@@ -90,16 +92,34 @@ def combine_in_expert_order(weighted: torch.Tensor, order: torch.Tensor, top_k: 
     ``index_add`` adds with atomics in whatever order its threads run, rounding bf16 at every add, so with
     more than two experts per token a sum's bits could change from run to run, and the sampler's from the
     trainer's. Here the order and the roundings are fixed, and the same on every device (which NaN comes
-    out of NaN inputs aside). The gradient is ``index_add``'s: each row gets its token's output gradient.
+    out of NaN inputs aside): on CUDA in one Triton launch (:mod:`nibble.kernels.gpu.expert_combine`, the
+    same bits, checked by its GPU test), elsewhere with PyTorch operators (:func:`combine_composed`). The
+    gradient is ``index_add``'s: each row gets its token's output gradient.
 
     Args:
         weighted: ``[N * top_k, H]``, rows sorted by expert (row ``r`` holds flat routing slot ``order[r]``).
-        order: int64 ``[N * top_k]``, the stable argsort of the flat expert indices ``[N, top_k]``.
-        top_k: experts per token, ≥ 1.
+        top_k_index: int64 ``[N, top_k]``, each token's experts, ``top_k`` ≥ 1.
+        order: int64 ``[N * top_k]``, the stable argsort of ``top_k_index.reshape(-1)``.
     Returns:
         ``[N, H]`` in ``weighted``'s dtype.
     """
-    return _CombineInExpertOrder.apply(weighted, order, top_k)
+    return _CombineInExpertOrder.apply(weighted, top_k_index, order)
+
+
+def combine_composed(weighted: torch.Tensor, top_k_index: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """:func:`combine_in_expert_order`'s forward written with PyTorch operators (no autograd Function): what
+    runs off CUDA, and the reference the one-launch kernel is measured against
+    (``benchmarks/expert_combine_gpu.py``). Same arguments and result."""
+    tokens, top_k = top_k_index.shape
+    position = torch.empty_like(order)
+    position[order] = torch.arange(order.numel(), device=order.device)
+    # a token's rows of ``weighted`` in ascending row order are its experts in ascending order
+    contributions = weighted[position.view(tokens, top_k).sort(dim=1).values]
+    accumulate = torch.promote_types(weighted.dtype, torch.float32)
+    out = torch.zeros((tokens, weighted.shape[1]), dtype=accumulate, device=weighted.device)
+    for slot in range(top_k):
+        out = out + contributions[:, slot]  # promoted to the accumulator's dtype exactly, then added
+    return out.to(weighted.dtype)
 
 
 class _CombineInExpertOrder(torch.autograd.Function):
@@ -108,19 +128,14 @@ class _CombineInExpertOrder(torch.autograd.Function):
     per slot."""
 
     @staticmethod
-    def forward(ctx, weighted: torch.Tensor, order: torch.Tensor, top_k: int) -> torch.Tensor:
+    def forward(ctx, weighted: torch.Tensor, top_k_index: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(order)
-        ctx.top_k = top_k
-        tokens = order.numel() // top_k
-        position = torch.empty_like(order)
-        position[order] = torch.arange(order.numel(), device=order.device)
-        # a token's rows of ``weighted`` in ascending row order are its experts in ascending order
-        contributions = weighted[position.view(tokens, top_k).sort(dim=1).values]
-        accumulate = torch.promote_types(weighted.dtype, torch.float32)
-        out = torch.zeros((tokens, weighted.shape[1]), dtype=accumulate, device=weighted.device)
-        for slot in range(top_k):
-            out = out + contributions[:, slot]  # promoted to the accumulator's dtype exactly, then added
-        return out.to(weighted.dtype)
+        ctx.top_k = top_k_index.shape[1]
+        if weighted.is_cuda and weighted.dtype in FLOAT_DTYPES and backend.triton_available():
+            from nibble.kernels.gpu import expert_combine  # imports triton: only where the kernel runs
+
+            return expert_combine.expert_combine(weighted, top_k_index, order)
+        return combine_composed(weighted, top_k_index, order)
 
     @staticmethod
     @once_differentiable
@@ -161,7 +176,7 @@ class PlannedExperts(nn.Module):
         else:
             routed = self._looped(x.to(cd)[token], experts)
         weighted = routed * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(cd)
-        return combine_in_expert_order(weighted, order, top_k_index.shape[1])
+        return combine_in_expert_order(weighted, top_k_index, order)
 
     def runs_grouped(self) -> bool:
         """Whether this forward runs the grouped products (else one matmul per expert)."""
