@@ -122,6 +122,21 @@ def combine_composed(weighted: torch.Tensor, top_k_index: torch.Tensor, order: t
     return out.to(weighted.dtype)
 
 
+def expert_order(top_k_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Routing slots sorted by expert, stably: ``order = argsort(top_k_index.reshape(-1), stable=True)``, the
+    sorted rows' experts and their tokens ``order // k`` (int64 ``[N * k]`` each, from int64 ``[N, k]``). On
+    CUDA up to the kernel's measured crossover in one Triton launch (:mod:`nibble.kernels.gpu.expert_order`,
+    the same integers), else ``torch.argsort``."""
+    if top_k_index.is_cuda and top_k_index.dtype == torch.int64 and backend.triton_available():
+        from nibble.kernels.gpu import expert_order as kernel  # imports triton: only where the kernel runs
+
+        if top_k_index.numel() <= kernel.MAX_SLOTS:
+            return kernel.expert_order(top_k_index)
+    flat = top_k_index.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    return order, flat[order], order // top_k_index.shape[1]
+
+
 class _CombineInExpertOrder(torch.autograd.Function):
     """:func:`combine_in_expert_order` with ``index_add``'s backward (``grad.index_select`` of each row's
     token): autograd through the forward's gathers and adds would build a ``[N, top_k, H]`` float32 buffer
@@ -166,9 +181,7 @@ class PlannedExperts(nn.Module):
         """``x [N, H]``, ``top_k_index`` int64 ``[N, k]``, ``top_k_weights [N, k]`` -> ``[N, H]`` in the
         plan's compute dtype."""
         cd = self.plan.torch_compute_dtype
-        flat = top_k_index.reshape(-1)
-        order = torch.argsort(flat, stable=True)
-        experts, token = flat[order], order // top_k_index.shape[1]
+        order, experts, token = expert_order(top_k_index)
         if self.runs_grouped():
             gate_up, down = self._grouped_operands()
             gate, up = self._grouped_product(x.to(cd), gate_up, experts, token).chunk(2, dim=-1)
