@@ -100,6 +100,21 @@ def _wgrad(dy: torch.Tensor, x_op: torch.Tensor, experts: torch.Tensor, num_expe
     return out
 
 
+def sum_into_rows(values: torch.Tensor, rows: torch.Tensor, count: int) -> torch.Tensor:
+    """``out[t] = Σ values[r] over rows[r] == t`` for ``values [R, H]``, int64 ``rows [R]`` in ``[0, count)``:
+    ``[count, H]`` in ``values``' dtype, the same bits on every call.
+
+    On the CPU that is ``index_add`` (float32 accumulation for 16-bit dtypes, rows in ascending order). On
+    CUDA ``index_add`` adds with atomics in whatever order its threads run (its bits vary from call to call,
+    bf16 rounding at every add), so there ``index_put_`` with ``accumulate=True`` does it: it sorts the rows
+    first and adds each target's in that order, deterministic (PyTorch's reproducibility notes list only its
+    CPU form as nondeterministic)."""
+    out = values.new_zeros(count, values.shape[1])
+    if values.is_cuda:
+        return out.index_put_((rows,), values, accumulate=True)
+    return out.index_add(0, rows, values)
+
+
 class GroupedQuantizedMatmul(torch.autograd.Function):
     """:func:`quantized_product` of ``a`` and an expert stack, with the recipe's dequantised backward.
 
@@ -134,7 +149,7 @@ class GroupedQuantizedMatmul(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_a = _dgrad(dy, dequantize(qweight, cd), experts)
             if rows is not None:  # a token's rows (one per chosen expert) sum into its gradient
-                grad_a = grad_a.new_zeros(ctx.a_rows, grad_a.shape[1]).index_add(0, rows, grad_a)
+                grad_a = sum_into_rows(grad_a, rows, ctx.a_rows)
             grad_a = grad_a.to(ctx.a_dtype)
         if ctx.needs_input_grad[1]:
             x_op = dequantize(qa, cd)
