@@ -28,6 +28,21 @@ TINY_LLAMA = ModelConfig(
 )  # fmt: skip
 
 
+def expert_routing(
+    tokens: int, top_k: int, experts: int, hidden: int, dtype: torch.dtype, seed: int, repeats: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A MoE layer's routed rows: ``(weighted [N·k, H], top_k_index [N, k], order [N·k])`` — heavy-tailed rows
+    in ``dtype`` sorted by expert, each token's experts (distinct unless ``repeats``), and the stable argsort
+    of the flat experts (row ``r`` holds slot ``order[r]``)."""
+    gen = torch.Generator().manual_seed(seed)
+    if repeats:  # a token routed more than once to one expert
+        top_i = torch.randint(0, experts, (tokens, top_k), generator=gen)
+    else:
+        top_i = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)])
+    order = torch.argsort(top_i.reshape(-1), stable=True)
+    return heavy_tailed((tokens * top_k, hidden), seed).to(dtype), top_i, order
+
+
 def gaussian(shape, seed: int = 0, dtype=torch.float32) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
 

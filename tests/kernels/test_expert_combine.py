@@ -8,19 +8,13 @@ import torch
 
 pytest.importorskip("triton", reason="the triton package is not installed")
 from nibble.kernels.gpu.expert_combine import expert_combine  # imports triton, hence after the skip
-from tests.helpers import assert_same_bits, heavy_tailed
+from tests.helpers import assert_same_bits, expert_routing
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _routing(tokens: int, top_k: int, experts: int, hidden: int, dtype: torch.dtype, seed: int, repeats=False):
-    gen = torch.Generator().manual_seed(seed)
-    if repeats:  # a token routed more than once to one expert
-        top_i = torch.randint(0, experts, (tokens, top_k), generator=gen)
-    else:
-        top_i = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)])
-    order = torch.argsort(top_i.reshape(-1), stable=True)
-    weighted = heavy_tailed((tokens * top_k, hidden), seed).to(dtype)  # rows sorted by expert
+    weighted, top_i, order = expert_routing(tokens, top_k, experts, hidden, dtype, seed, repeats)
     weighted[::5, ::3] = -0.0  # signed zeros: -0 + -0 stays -0, +0 + -0 does not
     return weighted, top_i, order
 

@@ -7,24 +7,13 @@ import pytest
 import torch
 
 from nibble.recipe.modules import combine_in_expert_order
-from tests.helpers import assert_same_bits, heavy_tailed
-
-
-def _routing(tokens: int, top_k: int, experts: int, hidden: int, dtype: torch.dtype, seed: int, repeats=False):
-    gen = torch.Generator().manual_seed(seed)
-    if repeats:  # a token routed more than once to one expert
-        top_i = torch.randint(0, experts, (tokens, top_k), generator=gen)
-    else:
-        top_i = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)])
-    order = torch.argsort(top_i.reshape(-1), stable=True)
-    weighted = heavy_tailed((tokens * top_k, hidden), seed).to(dtype)  # rows sorted by expert
-    return weighted, top_i, order
+from tests.helpers import assert_same_bits, expert_routing, heavy_tailed
 
 
 @pytest.mark.parametrize("top_k,repeats", [(1, False), (2, False), (3, False), (8, False), (16, False), (8, True)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_equals_the_cpus_index_add_with_its_gradient(top_k, repeats, dtype):
-    weighted, top_i, order = _routing(37, top_k, 16, 24, dtype, top_k, repeats)
+    weighted, top_i, order = expert_routing(37, top_k, 16, 24, dtype, top_k, repeats)
     weighted[::5, 3] = -0.0  # signed zeros: -0 + -0 stays -0, -0 + 0 does not
     token = order // top_k
     grad = heavy_tailed((37, 24), 99).to(dtype)
@@ -45,7 +34,7 @@ def test_no_tokens():
 
 
 def test_non_finite_contributions_stay_in_their_token():
-    weighted, top_i, order = _routing(6, 4, 8, 3, torch.bfloat16, 2)
+    weighted, top_i, order = expert_routing(6, 4, 8, 3, torch.bfloat16, 2)
     weighted[0, 0], weighted[1, 1] = float("nan"), float("inf")
     token = order // 4
     reference = torch.zeros((6, 3), dtype=torch.bfloat16).index_add(0, token, weighted)
@@ -58,7 +47,7 @@ def test_non_finite_contributions_stay_in_their_token():
 @pytest.mark.gpu
 def test_on_cuda_the_cpus_bits_every_time():
     # Qwen3-30B-A3B's decode: 64 tokens, 8 of 128 experts, hidden 2048
-    weighted, top_i, order = _routing(64, 8, 128, 2048, torch.bfloat16, 3)
+    weighted, top_i, order = expert_routing(64, 8, 128, 2048, torch.bfloat16, 3)
     weighted[::7, ::3] = -0.0
     cpu = combine_in_expert_order(weighted, top_i, order)
     on_cuda = (weighted.cuda(), top_i.cuda(), order.cuda())

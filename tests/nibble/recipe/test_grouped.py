@@ -9,6 +9,7 @@ import torch
 from nibble.kernels.gpu import grouped as grouped_kernels
 from nibble.recipe import PlannedExperts, PrecisionPlan
 from nibble.recipe.grouped import sum_into_rows
+from tests.helpers import expert_routing
 
 TOKENS, HIDDEN, INTER, EXPERTS = 24, 64, 32, 8
 
@@ -108,17 +109,9 @@ def test_the_grouped_gemm_backward_in_bf16_matches_the_loop(monkeypatch):
         assert ((s.float() - r.float()).norm() / r.float().norm()).item() < 1e-2
 
 
-def _token_rows(tokens: int, top_k: int, hidden: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Expert-sorted rows as a MoE layer's backward holds them (heavy-tailed bf16) and each row's token."""
-    gen = torch.Generator().manual_seed(tokens)
-    top_i = torch.rand(tokens, 128, generator=gen).topk(top_k, dim=1).indices
-    rows = torch.argsort(top_i.reshape(-1), stable=True) // top_k
-    normal, chi = torch.randn(tokens * top_k, hidden, generator=gen), torch.randn(tokens * top_k, hidden, generator=gen)
-    return (normal / (chi.abs() + 1e-3)).to(torch.bfloat16), rows
-
-
 def test_sum_into_rows_is_index_add_on_the_cpu():
-    values, rows = _token_rows(37, 8, 24)
+    values, _, order = expert_routing(37, 8, 16, 24, torch.bfloat16, 1)
+    rows = order // 8
     want = torch.zeros(37, 24, dtype=torch.bfloat16).index_add(0, rows, values)
     assert torch.equal(sum_into_rows(values, rows, 37).view(torch.int16), want.view(torch.int16))
 
@@ -126,7 +119,8 @@ def test_sum_into_rows_is_index_add_on_the_cpu():
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [64, 4096])
 def test_sum_into_rows_on_cuda_gives_the_same_bits_every_call(tokens):
-    values, rows = _token_rows(tokens, 8, 2048)
+    values, _, order = expert_routing(tokens, 8, 128, 2048, torch.bfloat16, tokens)
+    rows = order // 8
     on_cuda = (values.cuda(), rows.cuda())
     first = sum_into_rows(*on_cuda, tokens).cpu()
     for _ in range(10):
