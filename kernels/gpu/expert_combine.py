@@ -36,7 +36,8 @@ def _row_of_slot(flat_ptr, order_ptr, R, expert, slot, STEPS: tl.constexpr):
     for _ in tl.static_range(STEPS):
         open_ = lo < hi
         mid = (lo + hi) // 2
-        mid_slot = tl.load(order_ptr + mid, mask=open_, other=0).to(tl.int32)
+        # clamped: an entry of ``order`` outside [0, R) (a caller's bug) must not read outside ``flat``
+        mid_slot = tl.minimum(tl.maximum(tl.load(order_ptr + mid, mask=open_, other=0), 0), R - 1).to(tl.int32)
         mid_expert = tl.load(flat_ptr + mid_slot, mask=open_, other=0)
         below = (mid_expert < expert) | ((mid_expert == expert) & (mid_slot < slot))
         lo = tl.where(open_ & below, mid + 1, lo)
@@ -73,7 +74,8 @@ def expert_combine_kernel(
     col_ok = cols < H
     acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
     for place in tl.static_range(TOP_K):
-        row = tl.sum(tl.where(in_token & (rank == place), rows, 0), 0).to(tl.int64)
+        # clamped: an order that is not the stable argsort may tie ranks or miss a row (R), never read past R
+        row = tl.minimum(tl.max(tl.where(in_token & (rank == place), rows, 0), 0), R - 1).to(tl.int64)
         acc += tl.load(weighted_ptr + row * H + cols, mask=col_ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + n.to(tl.int64) * H + cols, acc.to(out_ptr.dtype.element_ty), mask=col_ok)
 
@@ -88,7 +90,8 @@ def expert_combine(weighted: torch.Tensor, top_k_index: torch.Tensor, order: tor
             slot ``order[r]``.
         top_k_index: int64 ``[N, k]``, each token's experts.
         order: int64 ``[N · k]``, the stable argsort of ``top_k_index.reshape(-1)`` — not checked (a hot path;
-            the composition is the reference): any other permutation gives a wrong sum.
+            the composition is the reference): with any other permutation a token may get the wrong rows
+            (every read stays inside ``weighted``).
     Returns:
         ``[N, H]`` in ``weighted``'s dtype. CUDA tensors run compiled; CPU tensors only under
         ``TRITON_INTERPRET=1`` (tests).
@@ -96,6 +99,9 @@ def expert_combine(weighted: torch.Tensor, top_k_index: torch.Tensor, order: tor
         ValueError: shapes, dtypes or devices that do not fit, ``N · k ≥ 2³⁰``, or a CPU tensor without
             ``TRITON_INTERPRET=1``.
     """
+    for name, t in (("weighted", weighted), ("top_k_index", top_k_index), ("order", order)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"expert combine needs {name} a torch.Tensor, got {type(t).__name__}")
     if weighted.dtype not in FLOAT_DTYPES or weighted.dim() != 2:
         raise ValueError(f"expert combine needs weighted [N*k, H] in {FLOAT_DTYPES}, got {weighted.dtype} "
                          f"{tuple(weighted.shape)}")  # fmt: skip

@@ -137,6 +137,19 @@ def expert_order(top_k_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
     return order, flat[order], order // top_k_index.shape[1]
 
 
+def _runs_combine_kernel(weighted: torch.Tensor, top_k_index: torch.Tensor, order: torch.Tensor) -> bool:
+    """Whether the one-launch kernel takes these operands (what it accepts; the rest stays composed)."""
+    return (
+        weighted.is_cuda
+        and weighted.dtype in FLOAT_DTYPES
+        and top_k_index.dtype == order.dtype == torch.int64
+        and top_k_index.device == order.device == weighted.device
+        and top_k_index.shape[1] >= 1
+        and order.numel() < 2**30
+        and backend.triton_available()
+    )
+
+
 class _CombineInExpertOrder(torch.autograd.Function):
     """:func:`combine_in_expert_order` with ``index_add``'s backward (``grad.index_select`` of each row's
     token): autograd through the forward's gathers and adds would build a ``[N, top_k, H]`` float32 buffer
@@ -146,7 +159,7 @@ class _CombineInExpertOrder(torch.autograd.Function):
     def forward(ctx, weighted: torch.Tensor, top_k_index: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(order)
         ctx.top_k = top_k_index.shape[1]
-        if weighted.is_cuda and weighted.dtype in FLOAT_DTYPES and backend.triton_available():
+        if _runs_combine_kernel(weighted, top_k_index, order):
             from nibble.kernels.gpu import expert_combine  # imports triton: only where the kernel runs
 
             return expert_combine.expert_combine(weighted, top_k_index, order)

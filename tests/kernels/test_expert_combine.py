@@ -16,6 +16,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 def _routing(tokens: int, top_k: int, experts: int, hidden: int, dtype: torch.dtype, seed: int, repeats=False):
     weighted, top_i, order = expert_routing(tokens, top_k, experts, hidden, dtype, seed, repeats)
     weighted[::5, ::3] = -0.0  # signed zeros: -0 + -0 stays -0, +0 + -0 does not
+    weighted[order // top_k == 0] = -0.0  # token 0 all -0: the sum from +0 is +0
     return weighted, top_i, order
 
 
@@ -47,6 +48,34 @@ def test_the_sum_runs_in_ascending_expert_order():
     assert_same_bits(_index_add(weighted, top_i, order), got.cpu(), "order")
 
 
+def test_a_token_of_negative_zeros_sums_to_positive_zero():
+    weighted, top_i, order = _routing(5, 8, 16, 24, torch.bfloat16, 4)
+    got = expert_combine(*(t.to(DEVICE) for t in (weighted, top_i, order)))
+    assert not got[0].view(torch.int16).any()  # +0 bits: accumulated from +0, as index_add into zeros
+
+
+def test_non_contiguous_operands():
+    weighted, top_i, order = _routing(9, 4, 16, 40, torch.float32, 6)
+    strided = torch.empty(weighted.shape[0], 2 * weighted.shape[1])[:, ::2]
+    strided.copy_(weighted)
+    index_t = top_i.t().contiguous().t()  # column-major [N, k]
+    order_strided = torch.stack([order, order], 1)[:, 0]
+    got = expert_combine(*(t.to(DEVICE) for t in (strided, index_t, order_strided)))
+    assert_same_bits(_index_add(weighted, top_i, order), got.cpu(), "non-contiguous")
+
+
+def test_an_order_that_is_not_the_stable_argsort_reads_only_inside_weighted():
+    # ties reversed (what a non-stable sort may return) and an entry out of range: wrong rows, finite sums
+    weighted, top_i, order = _routing(50, 8, 6, 16, torch.float32, 7, repeats=True)
+    flat = top_i.reshape(-1)
+    unstable = torch.argsort(flat * flat.numel() + (flat.numel() - 1 - torch.arange(flat.numel())))
+    broken = order.clone()
+    broken[3] = 10**6
+    for bad in (unstable, broken):
+        got = expert_combine(*(t.to(DEVICE) for t in (weighted.abs(), top_i, bad)))
+        assert torch.isfinite(got).all() and got.max() <= weighted.abs().max() * 8
+
+
 def test_hidden_past_one_column_block_and_bf16_rounding():
     # 1030 columns: two column programs, the second nearly empty; float32-only sums round to bf16 once
     weighted, top_i, order = _routing(3, 4, 6, 1030, torch.bfloat16, 5)
@@ -71,6 +100,9 @@ def test_no_tokens_or_no_columns():
         (torch.zeros(4, 3), torch.zeros(2, 2, dtype=torch.int64), torch.arange(4.0), "order int64"),
         (torch.zeros(4, 3), torch.zeros(2, 2, dtype=torch.int64), torch.arange(3), r"order \[N\*k\]"),
         (torch.zeros(5, 3), torch.zeros(2, 2, dtype=torch.int64), torch.arange(4), r"order \[N\*k\]"),
+        ([[0.0]], torch.zeros(1, 1, dtype=torch.int64), torch.arange(1), "weighted a torch.Tensor"),
+        (torch.zeros(1, 3), [[0]], torch.arange(1), "top_k_index a torch.Tensor"),
+        (torch.zeros(1, 3), torch.zeros(1, 1, dtype=torch.int64), [0], "order a torch.Tensor"),
     ],
 )
 def test_rejects_bad_arguments(weighted, top_i, order, match):

@@ -53,3 +53,6 @@ def test_on_cuda_the_cpus_bits_every_time():
     on_cuda = (weighted.cuda(), top_i.cuda(), order.cuda())
     for _ in range(20):
         assert_same_bits(cpu, combine_in_expert_order(*on_cuda).cpu(), "CUDA combine")
+    # operands the kernel does not take (an int32 index) stay with the composition: the same bits
+    int32_index = (on_cuda[0], on_cuda[1].to(torch.int32), on_cuda[2])
+    assert_same_bits(cpu, combine_in_expert_order(*int32_index).cpu(), "CUDA combine, int32 index")
