@@ -102,17 +102,19 @@ def _wgrad(dy: torch.Tensor, x_op: torch.Tensor, experts: torch.Tensor, num_expe
 
 def sum_into_rows(values: torch.Tensor, rows: torch.Tensor, count: int) -> torch.Tensor:
     """``out[t] = Σ values[r] over rows[r] == t`` for ``values [R, H]``, int64 ``rows [R]`` in ``[0, count)``:
-    ``[count, H]`` in ``values``' dtype, the same bits on every call.
+    ``[count, H]`` in ``values``' dtype, the same bits on every call and on every device.
 
-    On the CPU that is ``index_add`` (float32 accumulation for 16-bit dtypes, rows in ascending order). On
-    CUDA ``index_add`` adds with atomics in whatever order its threads run (its bits vary from call to call,
-    bf16 rounding at every add), so there ``index_put_`` with ``accumulate=True`` does it: it sorts the rows
-    first and adds each target's in that order, deterministic (PyTorch's reproducibility notes list only its
-    CPU form as nondeterministic)."""
-    out = values.new_zeros(count, values.shape[1])
-    if values.is_cuda:
-        return out.index_put_((rows,), values, accumulate=True)
-    return out.index_add(0, rows, values)
+    On the CPU that is ``index_add``: float32 accumulation for 16-bit dtypes from zero, rows in ascending
+    order, one rounding. On CUDA ``index_add`` adds with atomics in whatever order its threads run (its
+    bits vary from call to call, with a bf16 rounding at every add), so there ``index_put_`` with
+    ``accumulate=True`` does it, which sorts the rows first and adds each target's in ascending order
+    (deterministic: PyTorch's reproducibility notes list only its CPU form as nondeterministic) — into a
+    float32 buffer, since it rounds to its destination's dtype at every add."""
+    if not values.is_cuda:
+        return values.new_zeros(count, values.shape[1]).index_add(0, rows, values)
+    accumulate = torch.promote_types(values.dtype, torch.float32)
+    out = torch.zeros((count, values.shape[1]), dtype=accumulate, device=values.device)
+    return out.index_put_((rows,), values.to(accumulate), accumulate=True).to(values.dtype)
 
 
 class GroupedQuantizedMatmul(torch.autograd.Function):

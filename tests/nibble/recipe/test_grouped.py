@@ -122,9 +122,10 @@ def test_sum_into_rows_on_cuda_gives_the_same_bits_every_call(tokens):
     values, _, order = expert_routing(tokens, 8, 128, 2048, torch.bfloat16, tokens)
     rows = order // 8
     on_cuda = (values.cuda(), rows.cuda())
-    first = sum_into_rows(*on_cuda, tokens).cpu()
+    first = sum_into_rows(*on_cuda, tokens).cpu().view(torch.int16)
     for _ in range(10):
-        assert torch.equal(sum_into_rows(*on_cuda, tokens).cpu().view(torch.int16), first.view(torch.int16))
+        again = sum_into_rows(*on_cuda, tokens).cpu().view(torch.int16)
+        assert torch.equal(again, first), f"{int((again != first).sum())} elements differ between two calls"
     # and the CPU's bits: float32 accumulation in ascending row order, as the CPU's index_add
-    cpu = sum_into_rows(values, rows, tokens)
-    assert torch.equal(first.view(torch.int16), cpu.view(torch.int16))
+    cpu = sum_into_rows(values, rows, tokens).view(torch.int16)
+    assert torch.equal(first, cpu), f"{int((first != cpu).sum())} elements differ from the CPU's"
