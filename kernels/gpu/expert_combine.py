@@ -3,10 +3,11 @@
 :func:`nibble.recipe.modules.combine_in_expert_order` sums each token's ``top_k`` weighted expert outputs in
 float32, from zero, in ascending expert order, and rounds once. Written with PyTorch operators that is an
 inverse permutation, a sort, a gather, ``top_k`` float32 adds and a cast — some fifteen launches per MoE
-layer, at sampler decode about 55 µs of a layer's GPU time against 13 for CUDA's (nondeterministic)
-``index_add``. Here one program per token and column chunk finds its token's rows itself: the rows are sorted
-by ``(expert, routing slot)`` (a stable argsort), so the row holding slot ``f`` is where a binary search for
-``(flat[f], f)`` lands, and a token's rows in ascending order are its experts in ascending order. The adds
+layer, at sampler decode 43 µs against 13 for CUDA's (nondeterministic) ``index_add``, and 5 µs here
+(``benchmarks/expert_combine_gpu.py``). Here one program per token and column chunk finds its token's rows
+itself: the rows are sorted by ``(expert, routing slot)`` (a stable argsort), so the row holding slot ``f`` is
+where a binary search for ``(flat[f], f)`` lands, and a token's rows in ascending order are its experts in
+ascending order. The adds
 are the composition's — float32 from ``+0``, one slot at a time, each contribution promoted exactly — and the
 one rounding is the store's round-to-nearest-even (float32 comes out under the interpreter, which truncates,
 and PyTorch rounds it).
