@@ -7,8 +7,10 @@ equal, or a standard deviation below ``1e-6`` — get ``A = 0`` exactly rather t
 up by a tiny denominator. DAPO's dynamic sampling (*DAPO: An Open-Source LLM Reinforcement Learning
 System at Scale*, Yu et al., 2025, §3.2) drops those groups instead; :func:`zero_std_groups` names them.
 
-Statistics are accumulated in float64 with ``index_add_``/``scatter_reduce_`` over the groups that
-``torch.unique`` finds, so there is no Python loop over groups.
+Statistics are accumulated in float64 over the groups that ``torch.unique`` finds, so there is no Python
+loop over groups. Sums go through ``index_put_`` with ``accumulate=True``, which adds each group's members
+in sample order on every device (on CUDA it sorts the indices first); ``index_add`` would add with atomics
+on CUDA, in whatever order its threads run, and give a run its own last bits.
 """
 
 from __future__ import annotations
@@ -69,14 +71,19 @@ def _group_stats(rewards: torch.Tensor, group_ids: torch.Tensor) -> _Groups:
     ids, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
     r = rewards.detach().to(torch.float64)
     zeros = torch.zeros(ids.numel(), dtype=torch.float64, device=r.device)
-    mean = zeros.index_add(0, inverse, r) / counts
+    mean = _group_sum(zeros, inverse, r) / counts
     deviation = r - mean[inverse]
-    variance = zeros.index_add(0, inverse, deviation * deviation) / (counts - 1).clamp(min=1)
+    variance = _group_sum(zeros, inverse, deviation * deviation) / (counts - 1).clamp(min=1)
     std = variance.sqrt()
     lowest = zeros.scatter_reduce(0, inverse, r, "amin", include_self=False)
     highest = zeros.scatter_reduce(0, inverse, r, "amax", include_self=False)
     degenerate = (counts < 2) | (lowest == highest) | (std < STD_EPS)
     return _Groups(ids, inverse, deviation, std, degenerate)
+
+
+def _group_sum(zeros: torch.Tensor, inverse: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """float64 ``[G]``: each group's ``values`` added from 0 in sample order, the same bits on every device."""
+    return zeros.clone().index_put_((inverse,), values, accumulate=True)
 
 
 def _check(rewards: torch.Tensor, group_ids: torch.Tensor) -> None:

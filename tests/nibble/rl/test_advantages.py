@@ -79,6 +79,32 @@ def test_vectorised_sut_matches_a_per_group_loop_ref():
     torch.testing.assert_close(sut, ref, rtol=1e-6, atol=0)  # float64 statistics, one float32 rounding each
 
 
+def test_group_sums_add_members_in_sample_order():
+    """A group's sums run from 0 over its members in sample order: [1e16, 1, -1e16, 1] sums to 1 that way
+    (1e16 + 1 rounds back to 1e16), to 0 or 2 in other orders."""
+    rewards = torch.tensor([1e16, 5.0, 1.0, -1e16, 1.0], dtype=torch.float64)
+    ids = torch.tensor([0, 1, 0, 0, 0])
+    mean = 1.0 / 4
+    deviation = torch.tensor([1e16 - mean, 1.0 - mean, -1e16 - mean, 1.0 - mean], dtype=torch.float64)
+    squares = 0.0
+    for d in deviation.tolist():
+        squares += d * d
+    std = math.sqrt(squares / 3)
+    expected = (deviation / (std + 1e-6)).tolist()
+    assert group_advantages(rewards, ids)[[0, 2, 3, 4]].tolist() == expected
+
+
+@pytest.mark.gpu
+def test_cuda_gives_the_cpu_bits_on_every_call():
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 300, (20_000,), generator=gen)
+    rewards = torch.randn(20_000, generator=gen, dtype=torch.float64) * 1e3
+    expected = group_advantages(rewards, ids)
+    for _ in range(3):
+        out = group_advantages(rewards.cuda(), ids.cuda()).cpu()
+        assert torch.equal(out.view(torch.int64), expected.view(torch.int64))
+
+
 def test_zero_std_groups_marks_degenerate_groups():
     rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 2.0, 2.0 + 1e-8])
     ids = torch.tensor([4, 4, 9, 9, 1, 1])
