@@ -103,7 +103,8 @@ def _dense_row(m: int, n: int, k: int, ws: list[torch.Tensor], qws: list[NVFP4Te
     qx = nvfp4.quantize(x, scale="per_token", four_over_six="mse", validate=False)
 
     def quantize_and_gemm(i: int) -> torch.Tensor:
-        qx_i = nvfp4.quantize(x, scale="per_token", four_over_six="mse", validate=False)
+        # as the sampler quantises: the GEMM's operand written by the quantise kernel
+        qx_i = nvfp4.quantize(x, scale="per_token", four_over_six="mse", validate=False, gemm_operand=True)
         return gemm.matmul(qx_i, qws[i], out_dtype=torch.bfloat16)
 
     bf16 = graph_time(lambda i: x @ ws[i].T, len(ws))

@@ -67,10 +67,12 @@ def compile_sass(
     block_m, chunk = gpu_nvfp4._tile(kb, chunk_elements)
     consts = dict(
         E=256.0 if four_over_six else 448.0, PER_TOKEN=True, AMAX_IN_KERNEL=True, FOUR_OVER_SIX=four_over_six,
-        MSE=True, WRITE_CHOICE=False, BLOCK_M=block_m, CHUNK=chunk, NUM_CHUNKS=triton.cdiv(kb, chunk),
+        MSE=True, WRITE_CHOICE=False, WRITE_OPERAND=False, BLOCK_M=block_m, CHUNK=chunk,
+        NUM_CHUNKS=triton.cdiv(kb, chunk), ROW_CHUNKS=triton.cdiv(kb, chunk), UNROLL_AMAX=False,
     )  # fmt: skip
-    args = ["x_ptr", "amax_ptr", "codes_ptr", "scales_ptr", "g_ptr", "choice_ptr", "M", "KB", "stride_xm"]
-    types = [f"*{dtype}", "*fp32", "*i32", "*u8", "*fp32", "*u8", "i32", "i32", "i32"]
+    args = ["x_ptr", "amax_ptr", "codes_ptr", "scales_ptr", "g_ptr", "choice_ptr", "operand_ptr"]
+    args += ["M", "KB", "stride_xm"]
+    types = [f"*{dtype}", "*fp32", "*i32", "*u8", "*fp32", "*u8", "*fp16", "i32", "i32", "i32"]
     signature = dict(zip(args, types, strict=True)) | {name: "constexpr" for name in consts}
     # what the launcher's specialisation gives for aligned tensors and multiples of 16
     attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in args}

@@ -43,6 +43,7 @@ def quantize(
     generator: torch.Generator | None = None,
     validate: bool = True,
     backend: str | None = None,
+    gemm_operand: bool = False,
 ) -> NVFP4Tensor:
     """Quantise ``x`` to NVFP4 (docs/design.md §2.2; four-over-six §2.3).
 
@@ -59,6 +60,10 @@ def quantize(
             ``False``; the trainer checks loss and gradients for non-finite values once per step.
         backend: ``None`` (Triton on CUDA, reference elsewhere), ``"reference"`` or ``"triton"``; stochastic
             rounding always runs on the reference.
+        gemm_operand: on the Triton backend, also write the decoded operand the GPU GEMMs read
+            (:attr:`NVFP4Tensor.operand`) from the same kernel, for activations about to enter
+            :func:`nibble.kernels.gemm.matmul`: 2 more bytes per element written, one decode launch fewer.
+            Ignored by the reference backend, whose products decode in float64.
     The result carries no autograd history (quantisation has no useful derivative; the recipe's
     straight-through gradients live in :mod:`nibble.recipe`).
 
@@ -76,7 +81,7 @@ def quantize(
             raise ValueError("rounding='stochastic' runs on backend='reference' only (it is for gradients)")
         per_token = scale == "per_token"
         return _reference.quantize(x.detach(), per_token=per_token, four_over_six=None, generator=generator)[0]
-    tensor, _ = _run(x, scale, four_over_six, backend, with_choices=False)
+    tensor, _ = _run(x, scale, four_over_six, backend, with_choices=False, gemm_operand=gemm_operand)
     return tensor
 
 
@@ -115,14 +120,22 @@ def dequantize(tensor: NVFP4Tensor, dtype: torch.dtype = torch.float32, *, backe
 
 
 def _run(
-    x: torch.Tensor, scale: str, four_over_six: str | None, backend: str | None, *, with_choices: bool
+    x: torch.Tensor,
+    scale: str,
+    four_over_six: str | None,
+    backend: str | None,
+    *,
+    with_choices: bool,
+    gemm_operand: bool = False,
 ) -> tuple[NVFP4Tensor, torch.Tensor | None]:
     per_token = scale == "per_token"
     if _backend.resolve(x.device, backend) == "reference":
         return _reference.quantize(x.detach(), per_token=per_token, four_over_six=four_over_six, generator=None)
     from .gpu import nvfp4 as _gpu  # imports triton: only where it runs
 
-    return _gpu.quantize(x.detach(), per_token=per_token, four_over_six=four_over_six, with_choices=with_choices)
+    return _gpu.quantize(
+        x.detach(), per_token=per_token, four_over_six=four_over_six, with_choices=with_choices, operand=gemm_operand
+    )
 
 
 def _check_options(

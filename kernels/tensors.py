@@ -33,6 +33,11 @@ class NVFP4Tensor:
             (:mod:`nibble.kernels.fragments`), kept beside them by a sampler's packed weights for the
             decode-size GEMM; ``None`` elsewhere. Whoever changes ``codes`` or ``block_scales`` in place
             refreshes it (:func:`nibble.kernels.gemm.refresh_fragments`).
+        operand: the codes decoded without the global scale, ``e2m1_value(code) * float(block_scale)``,
+            ``[..., K]`` in float16 on CUDA (exact) and float32 under the Triton interpreter: the activation
+            operand the GPU GEMMs read, written by the quantise kernel beside the codes when asked
+            (:func:`nibble.kernels.nvfp4.quantize`'s ``gemm_operand``) so that a GEMM skips its own decode
+            launch; ``None`` elsewhere.
 
     Decode (docs/design.md §2.2 step 5): ``x̂ = e2m1_value(code) * float(block_scale) * global_scale``.
     """
@@ -43,6 +48,7 @@ class NVFP4Tensor:
     four_over_six: bool
     shape: torch.Size
     fragments: NVFP4Fragments | None = None
+    operand: torch.Tensor | None = None
 
     def unscaled(self) -> NVFP4Tensor:
         """The same codes and block scales with unit global scales (of the same shape): what the GEMMs

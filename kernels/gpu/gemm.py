@@ -49,12 +49,25 @@ def _launch_triton(
 
 def _activations(qx: NVFP4Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernels' activation operand ``[M, K]``, decoded once without its global scale (exact in float16; float32
-    in the interpreter), and the per-row global scales ``[M]``."""
+    in the interpreter) — the one the quantise kernel wrote beside the codes if it did (:attr:`NVFP4Tensor.operand`)
+    — and the per-row global scales ``[M]``.
+
+    Raises:
+        ValueError: ``qx.operand`` is not ``[M, K]`` in the dtype the kernels read on ``qx``'s device.
+    """
     m = qx.shape[0]
     g = qx.global_scale.reshape(-1).to(torch.float32)
     if g.numel() == 1 and m != 1:
         g = g.expand(m).contiguous()
-    return dequantize(qx.unscaled(), torch.float16 if qx.codes.is_cuda else torch.float32), g
+    dtype = torch.float16 if qx.codes.is_cuda else torch.float32
+    if qx.operand is None:
+        return dequantize(qx.unscaled(), dtype), g
+    if qx.operand.dtype != dtype or tuple(qx.operand.shape) != tuple(qx.shape) or qx.operand.device != qx.device:
+        raise ValueError(
+            f"NVFP4 GEMM: activation operand {qx.operand.dtype} {tuple(qx.operand.shape)} on {qx.operand.device} "
+            f"is not the {dtype} {tuple(qx.shape)} on {qx.device} the kernels read"
+        )
+    return qx.operand.contiguous(), g
 
 
 def _flat(t: NVFP4Tensor) -> tuple[torch.Tensor, torch.Tensor]:

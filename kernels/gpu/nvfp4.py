@@ -18,6 +18,12 @@ _MAX_ROW_BLOCKS = 4096
 # benchmarks/quantize_launch_gpu.py (results in benchmarks/results/h200_quantize_launch.json).
 LAUNCH = {False: (1024, 2), True: (1024, 2)}
 _DEQUANTIZE_CHUNK_ELEMENTS = 4096
+# A row split over programs issues its amax pass's loads together up to this many chunks (registers).
+_MAX_UNROLLED_CHUNKS = 8
+
+
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _tile(kb: int, chunk_elements: int) -> tuple[int, int]:
@@ -34,6 +40,8 @@ def quantize(
     four_over_six: str | None,
     with_choices: bool = False,
     launch: tuple[int, int] | None = None,
+    split: int | None = None,
+    operand: bool = False,
 ) -> tuple[NVFP4Tensor, torch.Tensor | None]:
     """Quantise a validated CUDA (or Triton-interpreted CPU) tensor ``x [..., K]`` to NVFP4.
 
@@ -43,6 +51,13 @@ def quantize(
         four_over_six: ``None``, ``"mse"`` or ``"mae"``.
         with_choices: also return the bool ``[..., K // 16]`` mask of blocks that chose map-to-4.
         launch: ``(elements per chunk, warps)``, default :data:`LAUNCH` (benchmarks try others).
+        split: programs per row where per-token rows are reduced in the kernel (at most its chunks; 1 for
+            one program per row group). Default: 1 where the row groups alone fill the GPU's
+            multiprocessors (and under the interpreter), else enough to fill them — a decode step's few
+            rows would otherwise leave most of the GPU idle while each program walks its rows' chunks.
+            Launch parameters only: every choice gives the same bits.
+        operand: also write :attr:`NVFP4Tensor.operand`, the codes decoded without the global scale (float16
+            on CUDA, float32 under the interpreter, as :func:`nibble.kernels.gpu.gemm` reads them).
     Returns:
         ``(tensor, map_to_4 or None)``, bit-identical to :func:`nibble.kernels.reference.nvfp4.quantize`.
     """
@@ -62,6 +77,8 @@ def quantize(
     scale_bytes = torch.empty((m, kb), dtype=torch.uint8, device=device)
     g = torch.empty((m if per_token else 1,), dtype=torch.float32, device=device)
     choice = torch.zeros((m, kb), dtype=torch.uint8, device=device) if with_choices else codes
+    operand_dtype = torch.float16 if rows.is_cuda else torch.float32
+    decoded = torch.empty((m, k), dtype=operand_dtype, device=device) if operand else g  # g: a pointer never written
     amax_in_kernel = per_token and kb <= _MAX_ROW_BLOCKS
     if amax_in_kernel:
         amax = g  # unused by the kernel
@@ -73,9 +90,16 @@ def quantize(
         amax = torch.linalg.vector_norm(rows, float("inf")).to(torch.float32).reshape(1)
     chunk_elements, num_warps = launch or LAUNCH[bool(four_over_six)]
     block_m, chunk = _tile(kb, chunk_elements)
-    num_chunks = triton.cdiv(kb, chunk) if amax_in_kernel else 1
+    row_chunks = triton.cdiv(kb, chunk)
+    m_programs = triton.cdiv(m, block_m)
+    if split is not None and split < 1:
+        raise ValueError(f"quantize: split must be a positive number of programs per row, got {split}")
+    if split is None:
+        sms = _multiprocessors(device) if rows.is_cuda else 0
+        split = triton.cdiv(sms, m_programs) if amax_in_kernel and 0 < m_programs < sms else 1
+    num_chunks = triton.cdiv(row_chunks, min(split, row_chunks)) if amax_in_kernel else 1
     if m:
-        grid = (triton.cdiv(m, block_m), 1 if amax_in_kernel else triton.cdiv(kb, chunk))
+        grid = (m_programs, triton.cdiv(row_chunks, num_chunks))
         nvfp4_quantize_kernel[grid](
             rows,
             amax,
@@ -83,6 +107,7 @@ def quantize(
             scale_bytes,
             g,
             choice,
+            decoded,
             m,
             kb,
             rows.stride(0),
@@ -92,9 +117,12 @@ def quantize(
             FOUR_OVER_SIX=bool(four_over_six),
             MSE=four_over_six == "mse",
             WRITE_CHOICE=with_choices,
+            WRITE_OPERAND=operand,
             BLOCK_M=block_m,
             CHUNK=chunk,
             NUM_CHUNKS=num_chunks,
+            ROW_CHUNKS=row_chunks if amax_in_kernel else 1,
+            UNROLL_AMAX=num_chunks < row_chunks <= _MAX_UNROLLED_CHUNKS,
             num_warps=num_warps,
             enable_fp_fusion=False,
         )
@@ -107,6 +135,7 @@ def quantize(
         global_scale=g.reshape(shape[:-1]) if per_token else g.reshape(()),
         four_over_six=bool(four_over_six),
         shape=shape,
+        operand=decoded.reshape(shape) if operand else None,
     )
     map_to_4 = choice.bool().reshape(*shape[:-1], kb) if with_choices else None
     return tensor, map_to_4

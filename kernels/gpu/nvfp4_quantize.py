@@ -180,11 +180,20 @@ def _load_halves(x_ptr, rows, row_ok, chunk, KB, stride_xm, CHUNK: tl.constexpr)
 
 
 @triton.jit
+def _running_max(running, x_ptr, rows, row_ok, chunk, KB, stride_xm, CHUNK: tl.constexpr):
+    """``running`` ``[BM, CHUNK, 8]`` raised to the magnitudes of chunk ``chunk`` (exact in the input dtype)."""
+    lo, hi = _load_halves(x_ptr, rows, row_ok, chunk, KB, stride_xm, CHUNK)
+    return tl.maximum(running, tl.maximum(tl.abs(lo), tl.abs(hi))).to(x_ptr.dtype.element_ty)
+
+
+@triton.jit
 def _quantize_chunk(
-    x_lo, x_hi, amax, fast, encode, g, rows, row_ok, chunk, KB, codes_ptr, scales_ptr, choice_ptr,
-    E: tl.constexpr, FOUR_OVER_SIX: tl.constexpr, MSE: tl.constexpr, WRITE_CHOICE: tl.constexpr, CHUNK: tl.constexpr,
+    x_lo, x_hi, amax, fast, encode, g, rows, row_ok, chunk, KB, codes_ptr, scales_ptr, choice_ptr, operand_ptr,
+    E: tl.constexpr, FOUR_OVER_SIX: tl.constexpr, MSE: tl.constexpr, WRITE_CHOICE: tl.constexpr,
+    WRITE_OPERAND: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
-    """Steps 3-4 of docs/design.md §2.2 (and §2.3's choice) for one chunk; stores codes, scales and choices."""
+    """Steps 3-4 of docs/design.md §2.2 (and §2.3's choice) for one chunk; stores codes, scales, choices and
+    the decoded operand."""
     blocks = chunk * CHUNK + tl.arange(0, CHUNK)
     block_ok = row_ok[:, None] & (blocks < KB)[None, :]
     bmax = tl.max(tl.maximum(tl.abs(x_lo), tl.abs(x_hi)), axis=2)  # [BM, CHUNK]
@@ -209,11 +218,21 @@ def _quantize_chunk(
         to4 = err4 < err6  # ties keep map-to-6
         sf_byte = tl.where(to4, sf4_byte, sf_byte)
         enc = tl.where(to4, enc4, enc)
+        r_lo = tl.where(to4[:, :, None], r4_lo, r_lo)
+        r_hi = tl.where(to4[:, :, None], r4_hi, r_hi)
         # the sign from x · enc, not x: a product that underflows to -0 codes as +0, as in e2m1_round
-        word_lo = code_word(tl.where(to4[:, :, None], r4_lo, r_lo), x_lo * enc[:, :, None])
-        word_hi = code_word(tl.where(to4[:, :, None], r4_hi, r_hi), x_hi * enc[:, :, None])
+        v_lo = x_lo * enc[:, :, None]
+        v_hi = x_hi * enc[:, :, None]
+        word_lo = code_word(r_lo, v_lo)
+        word_hi = code_word(r_hi, v_hi)
         if WRITE_CHOICE:
             tl.store(choice_ptr + rows[:, None] * KB + blocks[None, :], to4.to(tl.uint8), mask=block_ok)
+        if WRITE_OPERAND:
+            # the code's value (its sign is v's, as the code's: -0 for r = 0) times the chosen scale; a product
+            # by -1, since Triton negates as 0 - r, which gives +0
+            scale = tl.where(to4, sf4, sf)[:, :, None]
+            value_lo = tl.where(v_lo < 0.0, r_lo * -1.0, r_lo) * scale
+            value_hi = tl.where(v_hi < 0.0, r_hi * -1.0, r_hi) * scale
     else:
         # TE folds 1/6 into the row's scale: bmax · (S · fl(1/6)), a different rounding from (bmax / 6) · S
         multiplier = encode * ONE_SIXTH
@@ -223,10 +242,17 @@ def _quantize_chunk(
         codes_hi = e2m1_round(x_hi * enc[:, :, None])
         word_lo = _pack8(codes_lo)
         word_hi = _pack8(codes_hi)
+        if WRITE_OPERAND:
+            value_lo = e2m1_value(codes_lo) * sf[:, :, None]
+            value_hi = e2m1_value(codes_hi) * sf[:, :, None]
     # codes_ptr is int32: two words (16 codes) per block
     word_offs = (rows[:, None] * (KB * 2) + blocks[None, :] * 2)[:, :, None] + tl.arange(0, 2)[None, None, :]
     tl.store(codes_ptr + word_offs, tl.join(word_lo, word_hi), mask=block_ok[:, :, None])
     tl.store(scales_ptr + rows[:, None] * KB + blocks[None, :], sf_byte, mask=block_ok)
+    if WRITE_OPERAND:
+        first = operand_ptr + (rows[:, None] * (KB * 16) + blocks[None, :] * 16)[:, :, None] + tl.arange(0, 8)
+        tl.store(first, value_lo.to(operand_ptr.dtype.element_ty), mask=block_ok[:, :, None])
+        tl.store(first + 8, value_hi.to(operand_ptr.dtype.element_ty), mask=block_ok[:, :, None])
 
 
 @triton.jit
@@ -237,6 +263,7 @@ def nvfp4_quantize_kernel(
     scales_ptr,
     g_ptr,
     choice_ptr,
+    operand_ptr,
     M,
     KB,
     stride_xm,
@@ -246,16 +273,24 @@ def nvfp4_quantize_kernel(
     FOUR_OVER_SIX: tl.constexpr,
     MSE: tl.constexpr,
     WRITE_CHOICE: tl.constexpr,
+    WRITE_OPERAND: tl.constexpr,
     BLOCK_M: tl.constexpr,
     CHUNK: tl.constexpr,
     NUM_CHUNKS: tl.constexpr,
+    ROW_CHUNKS: tl.constexpr,
+    UNROLL_AMAX: tl.constexpr,
 ):
     """Quantise rows ``x [M, KB*16]`` (float32/bf16/fp16) into codes ``int32 [M, KB*2]`` (8 packed codes a
-    word), block-scale bytes ``uint8 [M, KB]`` and decode scales ``float32 [M]`` (per token) or ``[1]``.
+    word), block-scale bytes ``uint8 [M, KB]`` and decode scales ``float32 [M]`` (per token) or ``[1]``; with
+    ``WRITE_OPERAND`` also ``e2m1_value(code) * block_scale`` ``[M, KB*16]`` in ``operand_ptr``'s dtype (exact).
 
-    With ``AMAX_IN_KERNEL`` one program owns whole rows: a first pass over its ``NUM_CHUNKS`` chunks reduces
-    the row amax, the second quantises them (the re-read is served by the cache). Otherwise the amax comes
-    from ``amax_ptr`` and each program quantises one chunk (``NUM_CHUNKS == 1``).
+    With ``AMAX_IN_KERNEL`` a first pass over a row's ``ROW_CHUNKS`` chunks reduces its amax and the second
+    quantises the program's ``NUM_CHUNKS`` of them, from chunk ``pid_k * NUM_CHUNKS`` (the re-read is served
+    by the cache): one program owns whole rows (``NUM_CHUNKS == ROW_CHUNKS``), or, when the rows are too few
+    to fill the GPU, the programs of a row share its chunks and each reduces the amax itself. ``UNROLL_AMAX``
+    issues the first pass's loads together (a program that quantises a chunk or two would otherwise wait out
+    one load latency per chunk). Otherwise the amax comes from ``amax_ptr`` and each program quantises one
+    chunk (``NUM_CHUNKS == 1``).
     """
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -265,9 +300,12 @@ def nvfp4_quantize_kernel(
     if AMAX_IN_KERNEL:
         # a running maximum per element (exact in the input dtype), reduced across threads once at the end
         running = tl.zeros((BLOCK_M, CHUNK, 8), dtype=x_ptr.dtype.element_ty)
-        for c in tl.range(0, NUM_CHUNKS):
-            lo, hi = _load_halves(x_ptr, rows, row_ok, c, KB, stride_xm, CHUNK)
-            running = tl.maximum(running, tl.maximum(tl.abs(lo), tl.abs(hi))).to(x_ptr.dtype.element_ty)
+        if UNROLL_AMAX:
+            for c in tl.static_range(ROW_CHUNKS):
+                running = _running_max(running, x_ptr, rows, row_ok, c, KB, stride_xm, CHUNK)
+        else:
+            for c in tl.range(0, ROW_CHUNKS):
+                running = _running_max(running, x_ptr, rows, row_ok, c, KB, stride_xm, CHUNK)
         amax = tl.max(tl.max(running.to(tl.float32), axis=2), axis=1)
     elif PER_TOKEN:
         amax = tl.load(amax_ptr + rows, mask=row_ok, other=0.0)
@@ -285,7 +323,7 @@ def nvfp4_quantize_kernel(
         lo, hi = _load_halves(x_ptr, rows, row_ok, c, KB, stride_xm, CHUNK)
         _quantize_chunk(
             lo.to(tl.float32), hi.to(tl.float32), amax, fast, encode, g, rows, row_ok, c, KB, codes_ptr, scales_ptr,
-            choice_ptr, E, FOUR_OVER_SIX, MSE, WRITE_CHOICE, CHUNK,
+            choice_ptr, operand_ptr, E, FOUR_OVER_SIX, MSE, WRITE_CHOICE, WRITE_OPERAND, CHUNK,
         )  # fmt: skip
     if PER_TOKEN:
         tl.store(g_ptr + rows, g, mask=row_ok & (pid_k == 0))

@@ -176,5 +176,6 @@ def grouped_quantized_matmul(
     Both run the same forward, so ``π_θ`` and ``π_old`` get the same bits.
     """
     if weight is None or not torch.is_grad_enabled():
-        return quantized_product(quantize_activation(a, fmt, plan), qweight, experts, rows, fmt, plan)
+        qa = quantize_activation(a, fmt, plan, gemm_operand=uses_kernels(a, fmt))
+        return quantized_product(qa, qweight, experts, rows, fmt, plan)
     return GroupedQuantizedMatmul.apply(a, weight, qweight, experts, rows, fmt, plan)

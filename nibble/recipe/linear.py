@@ -123,5 +123,7 @@ def quantized_matmul(
     with ``weight=None`` (packed weights, sampler side) it is a plain no-grad forward with the same bits.
     """
     if weight is None or not torch.is_grad_enabled():
-        return forward_product(quantize_activation(x, fmt, plan), qweight, fmt, plan)
+        # no autograd context keeps qx, so the decoded operand lives only as long as the product
+        qx = quantize_activation(x, fmt, plan, gemm_operand=uses_kernels(x, fmt))
+        return forward_product(qx, qweight, fmt, plan)
     return QuantizedMatmul.apply(x, weight, qweight, fmt, plan)

@@ -88,11 +88,19 @@ def quantize_weights_together(weights: Sequence[torch.Tensor], plan: PrecisionPl
     return out
 
 
-def quantize_activation(x: torch.Tensor, fmt: str, plan: PrecisionPlan) -> QuantizedWeight:
-    """Quantise activations ``[..., K]``: NVFP4 with the plan's activation scale (per token), or MXFP8."""
+def quantize_activation(
+    x: torch.Tensor, fmt: str, plan: PrecisionPlan, *, gemm_operand: bool = False
+) -> QuantizedWeight:
+    """Quantise activations ``[..., K]``: NVFP4 with the plan's activation scale (per token), or MXFP8.
+
+    ``gemm_operand``: NVFP4 activations about to enter the GPU GEMMs also carry the operand those read
+    (:attr:`nibble.kernels.NVFP4Tensor.operand`), written by the same kernel; the same bits either way.
+    """
     if fmt == "mxfp8":
         return mxfp8.quantize(x, validate=False)
-    return nvfp4.quantize(x, scale=plan.activation_scale, four_over_six=plan.four_over_six, validate=False)
+    return nvfp4.quantize(
+        x, scale=plan.activation_scale, four_over_six=plan.four_over_six, validate=False, gemm_operand=gemm_operand
+    )
 
 
 def fake_quantize(t: torch.Tensor, fmt: str, plan: PrecisionPlan) -> torch.Tensor:

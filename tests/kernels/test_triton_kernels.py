@@ -6,6 +6,8 @@ operations — so CI checks the kernels' arithmetic and the GPU run checks the c
 approximate division) on top.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -15,6 +17,7 @@ from tests.helpers import assert_same_bits, gaussian, heavy_tailed, parity_input
 
 pytest.importorskip("triton", reason="the triton package is not installed")
 from nibble.kernels.gpu import gemm as gpu_gemm  # imports triton, hence after the skip
+from nibble.kernels.gpu import nvfp4 as gpu_nvfp4
 from nibble.kernels.gpu import row_invariance
 
 CUDA = torch.cuda.is_available()
@@ -39,6 +42,67 @@ def test_quantize_is_bit_identical_to_the_reference(dtype, scale, four_over_six)
         assert_same_bits(ref.global_scale, out.global_scale, f"{name} global scale")
         assert_same_bits(ref_map, out_map, f"{name} map-to-4 choices")
         assert_same_bits(ref.dequantize(), nvfp4.dequantize(out, backend="triton"), f"{name} dequantised")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("split", [2, 3])
+@pytest.mark.parametrize("four_over_six", [None, "mse"])
+def test_rows_shared_by_several_programs_give_the_same_bits(dtype, split, four_over_six):
+    """A decode step's few rows are split over programs that each reduce the row's amax (the default on a GPU
+    the rows alone do not fill); forced here on every input, long rows (several chunks) included."""
+    for name, x in {**parity_inputs(dtype, MAX_ROWS), "long_rows": heavy_tailed((3, 9600), 9).to(dtype)}.items():
+        ref, ref_map = nvfp4.quantize_with_choices(
+            x, scale="per_token", four_over_six=four_over_six, backend="reference"
+        )
+        out, out_map = gpu_nvfp4.quantize(
+            x.to(DEVICE), per_token=True, four_over_six=four_over_six, with_choices=True, split=split
+        )
+        assert_same_bits(ref.codes, out.codes, f"{name} codes")
+        assert_same_bits(ref.block_scales, out.block_scales, f"{name} block scales")
+        assert_same_bits(ref.global_scale, out.global_scale, f"{name} global scale")
+        assert_same_bits(ref_map, out_map, f"{name} map-to-4 choices")
+
+
+def test_split_must_be_positive():
+    with pytest.raises(ValueError, match="split"):
+        gpu_nvfp4.quantize(torch.ones(2, 32, device=DEVICE), per_token=True, four_over_six=None, split=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("four_over_six", [None, "mse", "mae"])
+def test_gemm_operand_is_the_decoded_codes(dtype, four_over_six):
+    """The operand the quantise kernel writes for the GEMMs is the codes decoded without the global scale,
+    bit for bit (signed zeros included), in the dtype the GEMM kernels read."""
+    operand_dtype = torch.float16 if CUDA else torch.float32
+    for name, x in parity_inputs(dtype, MAX_ROWS).items():
+        for scale in ("per_token", "per_tensor"):
+            q = nvfp4.quantize(
+                x.to(DEVICE), scale=scale, four_over_six=four_over_six, backend="triton", gemm_operand=True
+            )
+            decoded = q.unscaled().dequantize(torch.float32).to(operand_dtype)
+            assert_same_bits(decoded, q.operand, f"{name} {scale} operand")
+    assert nvfp4.quantize(x, scale="per_token", backend="reference", gemm_operand=True).operand is None
+
+
+def test_products_with_the_quantiser_s_operand_give_the_same_bits():
+    x, w = heavy_tailed((5, 2080), 3).to(DEVICE), heavy_tailed((48, 2080), 5).to(DEVICE)
+    qw = nvfp4.quantize(w, scale="per_tensor", four_over_six="mse", backend="triton")
+    plain = nvfp4.quantize(x, scale="per_token", four_over_six="mse", backend="triton")
+    with_operand = nvfp4.quantize(x, scale="per_token", four_over_six="mse", backend="triton", gemm_operand=True)
+    dense = gemm.matmul(plain, qw, backend="triton")
+    assert_same_bits(dense, gemm.matmul(with_operand, qw, backend="triton"), "dense")
+    stack = nvfp4.quantize(heavy_tailed((3, 48 * 2080), 6).to(DEVICE), scale="per_token", backend="triton")
+    qws = NVFP4Tensor(
+        stack.codes.reshape(3, 48, 1040), stack.block_scales.reshape(3, 48, 130), stack.global_scale, False,
+        torch.Size((3, 48, 2080)),
+    )  # fmt: skip
+    experts = torch.tensor([0, 0, 1, 2, 2, 2, 2], device=DEVICE)
+    rows = torch.tensor([0, 4, 1, 0, 2, 3, 4], device=DEVICE)
+    grouped = gemm.grouped_matmul(plain, qws, experts, rows, backend="triton")
+    assert_same_bits(grouped, gemm.grouped_matmul(with_operand, qws, experts, rows, backend="triton"), "grouped")
+    stale = dataclasses.replace(with_operand, operand=with_operand.operand[:, :16])
+    with pytest.raises(ValueError, match="activation operand"):
+        gemm.matmul(stale, qw, backend="triton")
 
 
 @pytest.mark.parametrize(
