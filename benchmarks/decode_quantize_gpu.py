@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.kernels_gpu import copies_for, graph_time
+from benchmarks.kernels_gpu import dense_weights, graph_time
 from benchmarks.machine import describe, write_record
 from nibble.kernels import gemm, nvfp4
 from nibble.kernels.gpu import nvfp4 as gpu_nvfp4
@@ -67,15 +67,7 @@ def quantize_rows() -> list[dict]:
 
 def quantize_and_gemm_rows() -> list[dict]:
     n, k = WEIGHT
-    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
-    ws = [w.clone() for _ in range(copies_for(n * k * 2))]
-    qw0 = nvfp4.quantize(w, scale="per_tensor", four_over_six="mse", validate=False)
-    qws = [
-        gemm.with_fragments(
-            NVFP4Tensor(qw0.codes.clone(), qw0.block_scales.clone(), qw0.global_scale.clone(), True, qw0.shape)
-        )
-        for _ in range(copies_for(qw0.nbytes))
-    ]
+    ws, qws = dense_weights(n, k)
     rows = []
     for m in (1, 8, 16, 32):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)

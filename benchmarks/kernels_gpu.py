@@ -81,18 +81,24 @@ def bench_quantize(copy_bw: float) -> dict:
     return out
 
 
-def bench_dense(n: int, k: int) -> list[dict]:
-    rows = []
+def dense_weights(n: int, k: int) -> tuple[list[torch.Tensor], list[NVFP4Tensor]]:
+    """Copies (enough for a cold L2) of one random bf16 weight ``[n, k]`` and of its NVFP4 quantisation in the
+    sampler's form: packed codes and scales plus their fragment layout (nibble.recipe.quant.sampler_form)."""
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
     ws = [w.clone() for _ in range(copies_for(n * k * 2))]
     qw0 = nvfp4.quantize(w, scale="per_tensor", four_over_six="mse", validate=False)
-    # the sampler's form: packed codes and scales plus their fragment layout (nibble.recipe.quant.sampler_form)
     qws = [
         gemm.with_fragments(
             NVFP4Tensor(qw0.codes.clone(), qw0.block_scales.clone(), qw0.global_scale.clone(), True, qw0.shape)
         )
         for _ in range(copies_for(qw0.nbytes))
     ]
+    return ws, qws
+
+
+def bench_dense(n: int, k: int) -> list[dict]:
+    rows = []
+    ws, qws = dense_weights(n, k)
     for m in (1, 8, 32, 128, 1024, 8192):
         rows.append(_dense_row(m, n, k, ws, qws))
     return rows
