@@ -301,11 +301,11 @@ def nvfp4_quantize_kernel(
         # a running maximum per element (exact in the input dtype), reduced across threads once at the end
         running = tl.zeros((BLOCK_M, CHUNK, 8), dtype=x_ptr.dtype.element_ty)
         if UNROLL_AMAX:
-            for c in tl.static_range(ROW_CHUNKS):
-                running = _running_max(running, x_ptr, rows, row_ok, c, KB, stride_xm, CHUNK)
+            for a in tl.static_range(ROW_CHUNKS):
+                running = _running_max(running, x_ptr, rows, row_ok, a, KB, stride_xm, CHUNK)
         else:
-            for c in tl.range(0, ROW_CHUNKS):
-                running = _running_max(running, x_ptr, rows, row_ok, c, KB, stride_xm, CHUNK)
+            for a in tl.range(0, ROW_CHUNKS):
+                running = _running_max(running, x_ptr, rows, row_ok, a, KB, stride_xm, CHUNK)
         amax = tl.max(tl.max(running.to(tl.float32), axis=2), axis=1)
     elif PER_TOKEN:
         amax = tl.load(amax_ptr + rows, mask=row_ok, other=0.0)
