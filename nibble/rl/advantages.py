@@ -8,9 +8,12 @@ up by a tiny denominator. DAPO's dynamic sampling (*DAPO: An Open-Source LLM Rei
 System at Scale*, Yu et al., 2025, §3.2) drops those groups instead; :func:`zero_std_groups` names them.
 
 Statistics are accumulated in float64 over the groups that ``torch.unique`` finds, so there is no Python
-loop over groups. Sums go through ``index_put_`` with ``accumulate=True``, which adds each group's members
-in sample order on every device (on CUDA it sorts the indices first); ``index_add`` would add with atomics
-on CUDA, in whatever order its threads run, and give a run its own last bits.
+loop over groups. They are computed on the host whatever the inputs' device (the results go back to it): a
+batch holds a few thousand rewards, and no CUDA scatter adds a group's members in sample order —
+``index_add`` adds with atomics in whatever order its threads run, and ``index_put_(accumulate=True)``
+gave last-bit differences from the CPU on an H100 (2026-12-05) — so a trainer on a GPU would get other
+advantages than the same batch on a CPU. On the host ``index_put_`` adds each group's members from 0 in
+sample order.
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Te
     """
     groups = _group_stats(rewards, group_ids)
     scaled = groups.deviation / (groups.std[groups.inverse] + STD_EPS)
-    return torch.where(groups.degenerate[groups.inverse], 0.0, scaled).to(rewards.dtype)
+    advantages = torch.where(groups.degenerate[groups.inverse], 0.0, scaled)
+    return advantages.to(device=rewards.device, dtype=rewards.dtype)
 
 
 def zero_std_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,14 +67,15 @@ def zero_std_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[tor
         ``~torch.isin(group_ids, ids[zero_std])``; dropped groups: ``int(zero_std.sum())``.
     """
     groups = _group_stats(rewards, group_ids)
-    return groups.ids, groups.degenerate
+    return groups.ids.to(group_ids.device), groups.degenerate.to(group_ids.device)
 
 
 def _group_stats(rewards: torch.Tensor, group_ids: torch.Tensor) -> _Groups:
+    """The groups' statistics, on the host (CPU tensors) whatever the inputs' device."""
     _check(rewards, group_ids)
-    ids, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
-    r = rewards.detach().to(torch.float64)
-    zeros = torch.zeros(ids.numel(), dtype=torch.float64, device=r.device)
+    ids, inverse, counts = torch.unique(group_ids.cpu(), return_inverse=True, return_counts=True)
+    r = rewards.detach().cpu().to(torch.float64)
+    zeros = torch.zeros(ids.numel(), dtype=torch.float64)
     mean = _group_sum(zeros, inverse, r) / counts
     deviation = r - mean[inverse]
     variance = _group_sum(zeros, inverse, deviation * deviation) / (counts - 1).clamp(min=1)
@@ -82,7 +87,7 @@ def _group_stats(rewards: torch.Tensor, group_ids: torch.Tensor) -> _Groups:
 
 
 def _group_sum(zeros: torch.Tensor, inverse: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """float64 ``[G]``: each group's ``values`` added from 0 in sample order, the same bits on every device."""
+    """float64 ``[G]``: each group's ``values`` added from 0 in sample order (CPU tensors)."""
     return zeros.clone().index_put_((inverse,), values, accumulate=True)
 
 
