@@ -103,7 +103,8 @@ def grouped(sources: dict[str, Path]) -> list[dict]:
 
 
 def sweep() -> list[dict]:
-    """The working tree's gemv at every (rows per CTA up to M's default, prefetch, warps), 8192×7168."""
+    """The working tree's gemv at every (rows per CTA up to M's default, prefetch, warps, column groups per CTA),
+    8192×7168."""
     n, k = DENSE
     qws = packed_weights(n, k)
     out = []
@@ -111,7 +112,7 @@ def sweep() -> list[dict]:
         qx = packed_activations(m, k)
         expected = gpu_gemm.fragment_matmul(qx, qws[0], torch.bfloat16, gemv=False)
         rows = [tile[0] for tile in fragment_gemm.GEMV_TILES if tile[0] <= fragment_gemm.gemv_tile(m)[0]]
-        for tile in itertools.product(rows, (2, 4, 8), (4, 8)):
+        for tile in itertools.product(rows, (1, 2, 4), (4, 8), (1, 2, 4)):
 
             def run(i, qx=qx, tile=tile):
                 return gpu_gemm.fragment_matmul(qx, qws[i], torch.bfloat16, gemv=True, tile=tile)

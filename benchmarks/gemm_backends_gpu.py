@@ -20,8 +20,8 @@ import torch
 from benchmarks.kernels_gpu import copies_for, graph_time
 from benchmarks.machine import describe, write_record
 from nibble.kernels import gemm, nvfp4
+from nibble.kernels.gpu import fragment_gemm, grouped
 from nibble.kernels.gpu import gemm as gpu_gemm
-from nibble.kernels.gpu import grouped
 from nibble.kernels.tensors import NVFP4Tensor
 
 DENSE_SHAPES = ((8192, 7168), (4096, 4096), (1536, 2048))
@@ -29,7 +29,13 @@ DENSE_ROWS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 256, 1024, 4096)
 TRITON_ROWS = 8  # the portable Triton kernel is timed up to here (one dot per block: far slower beyond)
 EXPERTS, HIDDEN, INTER = 128, 2048, 768
 GROUPED_ROWS_PER_EXPERT = (1, 2, 4, 8, 16, 32, 64)
-SWEEP_TILES = tuple((rows, prefetch, warps) for rows in (8, 16, 32) for prefetch in (2, 4, 8) for warps in (4, 8))
+SWEEP_TILES = tuple(
+    (rows, prefetch, warps, column_groups)
+    for rows in (8, 16, 32)
+    for prefetch in (1, 2, 4)
+    for warps in (4, 8)
+    for column_groups in (1, 2, 4)
+)
 
 
 def packed_weights(n: int, k: int) -> list[NVFP4Tensor]:
@@ -132,8 +138,9 @@ def _grouped(n: int, k: int) -> list[dict]:
 
 
 def sweep() -> list[dict]:
-    """gemv's launch parameters (rows per CTA, prefetch quads, warps) at decode sizes; every one gives
-    gemm's bits (checked)."""
+    """gemv's launch parameters (rows per CTA, prefetch quads, warps, column groups per CTA) at decode sizes;
+    every one gives gemm's bits (checked). Each M tries the tiles of its default row count whose chunk sums fit
+    a CTA's shared memory."""
     out = []
     for n, k in ((8192, 7168), (1536, 2048)):
         qws = packed_weights(n, k)
@@ -141,7 +148,7 @@ def sweep() -> list[dict]:
             qx = packed_activations(m, k)
             expected = gpu_gemm.fragment_matmul(qx, qws[0], torch.bfloat16, gemv=False)
             for tile in SWEEP_TILES:
-                if tile[0] < min(m, 32):
+                if tile[0] != fragment_gemm.gemv_tile(m)[0] or not fragment_gemm.tile_fits(tile, k, qx.device):
                     continue
 
                 def run(i, qx=qx, tile=tile, qws=qws):

@@ -24,13 +24,16 @@
 //
 // Weights are the mma's A operand (16 weight rows of one column group), activations the B operand (8 rows
 // per n8 tile). Two kernels:
-// - nvfp4_fragment_gemv (few rows, decode): one CTA per (NT x 8 activation rows, column group) for all of
-//   K; warp w sums chunks w, w + warps, ... and leaves each chunk's sum in shared memory, which the CTA
-//   adds in chunk order. Activations are read straight from global memory.
+// - nvfp4_fragment_gemv (few rows, decode): one CTA per (NT x 8 activation rows, GROUPS column groups) for
+//   all of K; warp w sums chunks w, w + warps, ... for the CTA's groups and leaves each chunk's sum in shared
+//   memory, which the CTA adds in chunk order. Activations are read straight from global memory (L2), once
+//   per CTA: a warp applies each activation load to its GROUPS column groups, which is what bounds the L2
+//   traffic when every column group would otherwise read all the rows' activations again.
 // - nvfp4_fragment_gemm (many rows): one CTA per (64 activation rows, WARPS column groups); each warp holds
 //   its column group's running chunk and total sums for the 64 rows; a step of 128 elements of K stages
 //   the 64 rows' activations in shared memory, where every warp reads its B operands.
-// Macros: NT, PREFETCH (quads whose weight loads a warp issues together), WARPS, TILE_ROWS (gemm's
+// Macros: NT, PREFETCH (quads whose weight loads a warp issues together), GROUPS (gemv's column groups
+// per CTA), WARPS, TILE_ROWS (gemm's
 // activation rows per CTA), CHUNK_QUADS (the chunk of docs/design.md §2.6 in quads), GROUPED (rows sorted by
 // expert, tiles from device-side metadata), GATHER (activation row per output row), OUT_BF16 (bf16
 // output, else float32), MAX_THREADS (the CTA size the registers are planned for).
@@ -165,7 +168,7 @@ __device__ __forceinline__ i64 source_row(const i64* x_rows, int r) {
 }
 
 #define ROWS (NT * 8)
-#define COLS 16
+#define COLS (GROUPS * 16)
 
 extern "C" __global__ void __launch_bounds__(MAX_THREADS) nvfp4_fragment_gemv(
     const Words* __restrict__ w_words,  // [E, G, Q, 32]
@@ -184,7 +187,7 @@ extern "C" __global__ void __launch_bounds__(MAX_THREADS) nvfp4_fragment_gemv(
     bool live;
     tile_rows(ROWS, rows_total, tile_expert, tile_start, tile_end, num_tiles, expert, row_start, row_end, live);
     if (!live) return;
-    const int g = blockIdx.y;
+    const int g0 = blockIdx.y * GROUPS;
     const int blocks = k / 16;
     const int chunks = (quads + CHUNK_QUADS - 1) / CHUNK_QUADS;
 
@@ -196,30 +199,43 @@ extern "C" __global__ void __launch_bounds__(MAX_THREADS) nvfp4_fragment_gemv(
         xok[t] = r < row_end;
         xrow[t] = x + (xok[t] ? source_row(x_rows, r) : 0) * k + 4 * c;
     }
-    const i64 gi = ((i64)expert * groups + g) * quads;
-    const Words* wbase = w_words + gi * 32 + lane;
-    const Pair* sbase = w_scales + gi * 8 + grp;
+    // groups past the weight's last (only where a CTA has several) read nothing: their sums stay 0 and are
+    // never written out
+    const Words* wbase[GROUPS];
+    const Pair* sbase[GROUPS];
+    bool gok[GROUPS];
+#pragma unroll
+    for (int h = 0; h < GROUPS; ++h) {
+        gok[h] = GROUPS == 1 || g0 + h < groups;
+        const i64 gi = ((i64)expert * groups + (gok[h] ? g0 + h : 0)) * quads;
+        wbase[h] = w_words + gi * 32 + lane;
+        sbase[h] = w_scales + gi * 8 + grp;
+    }
 
     for (int chunk = warp; chunk < chunks; chunk += warps) {
-        float acc[NT][4];
+        float acc[GROUPS][NT][4];
 #pragma unroll
-        for (int t = 0; t < NT; ++t)
+        for (int h = 0; h < GROUPS; ++h)
 #pragma unroll
-            for (int i = 0; i < 4; ++i) acc[t][i] = 0.0f;
+            for (int t = 0; t < NT; ++t)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[h][t][i] = 0.0f;
         // Weight loads for PREFETCH quads go out together, predicated rather than branched around; quads
         // past K read as zeros, whose products add +0 to a sum that is never -0.
         for (int qb = chunk * CHUNK_QUADS; qb < (chunk + 1) * CHUNK_QUADS; qb += PREFETCH) {
-            Words wq[PREFETCH];
-            Pair sq[PREFETCH];
+            Words wq[PREFETCH][GROUPS];
+            Pair sq[PREFETCH][GROUPS];
 #pragma unroll
-            for (int qi = 0; qi < PREFETCH; ++qi) {
-                wq[qi] = Words{{0u, 0u, 0u, 0u}};
-                sq[qi] = Pair{0u, 0u};
-                if (qb + qi < quads) {
-                    wq[qi] = wbase[(i64)(qb + qi) * 32];
-                    sq[qi] = sbase[(i64)(qb + qi) * 8];
+            for (int qi = 0; qi < PREFETCH; ++qi)
+#pragma unroll
+                for (int h = 0; h < GROUPS; ++h) {
+                    wq[qi][h] = Words{{0u, 0u, 0u, 0u}};
+                    sq[qi][h] = Pair{0u, 0u};
+                    if (gok[h] && qb + qi < quads) {
+                        wq[qi][h] = wbase[h][(i64)(qb + qi) * 32];
+                        sq[qi][h] = sbase[h][(i64)(qb + qi) * 8];
+                    }
                 }
-            }
 #pragma unroll
             for (int qi = 0; qi < PREFETCH; ++qi) {
                 // activations are small and cached: read them per quad, not prefetched with the weights
@@ -233,37 +249,41 @@ extern "C" __global__ void __launch_bounds__(MAX_THREADS) nvfp4_fragment_gemv(
                         if (xok[t] && b < blocks) xq[t][j] = *(const Pair*)(xrow[t] + (i64)b * 16);
                     }
 #pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    u32 a[4];
-                    float row_low, row_high;
-                    decode(wq[qi].w[j], a);
-                    block_scales(sq[qi], j, row_low, row_high);
+                for (int j = 0; j < 4; ++j)
 #pragma unroll
-                    for (int t = 0; t < NT; ++t) {
-                        float d[4];
-                        mma_zero(d, a, xq[t][j].lo, xq[t][j].hi);
-                        add_block(acc[t], d, row_low, row_high);
+                    for (int h = 0; h < GROUPS; ++h) {
+                        u32 a[4];
+                        float row_low, row_high;
+                        decode(wq[qi][h].w[j], a);
+                        block_scales(sq[qi][h], j, row_low, row_high);
+#pragma unroll
+                        for (int t = 0; t < NT; ++t) {
+                            float d[4];
+                            mma_zero(d, a, xq[t][j].lo, xq[t][j].hi);
+                            add_block(acc[h][t], d, row_low, row_high);
+                        }
                     }
-                }
             }
         }
-        // D fragment: (weight row grp or grp + 8, activation rows 2c, 2c + 1)
+        // D fragment: (weight row grp or grp + 8 of group h, activation rows 2c, 2c + 1)
         float* mine = partial + (i64)chunk * ROWS * COLS;
 #pragma unroll
-        for (int t = 0; t < NT; ++t) {
-            const int r0 = t * 8 + 2 * c;
-            mine[r0 * COLS + grp] = acc[t][0];
-            mine[(r0 + 1) * COLS + grp] = acc[t][1];
-            mine[r0 * COLS + grp + 8] = acc[t][2];
-            mine[(r0 + 1) * COLS + grp + 8] = acc[t][3];
-        }
+        for (int h = 0; h < GROUPS; ++h)
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                const int r0 = t * 8 + 2 * c, col = h * 16 + grp;
+                mine[r0 * COLS + col] = acc[h][t][0];
+                mine[(r0 + 1) * COLS + col] = acc[h][t][1];
+                mine[r0 * COLS + col + 8] = acc[h][t][2];
+                mine[(r0 + 1) * COLS + col + 8] = acc[h][t][3];
+            }
     }
     __syncthreads();
 
     const float gw = w_g[expert];
     for (int idx = threadIdx.x; idx < COLS * ROWS; idx += blockDim.x) {
         const int row = idx / COLS, col = idx % COLS;
-        const int nn = g * 16 + col, r = row_start + row;
+        const int nn = g0 * 16 + col, r = row_start + row;
         if (nn >= n || r >= row_end) continue;
         float total = 0.0f;
         for (int ch = 0; ch < chunks; ++ch) total = add_rn(total, partial[((i64)ch * ROWS + row) * COLS + col]);

@@ -26,12 +26,15 @@ from ..reference import block_gemm
 
 SOURCE = pathlib.Path(__file__).with_name("fragment_gemm.cu")
 CHUNK_QUADS = block_gemm.CHUNK_BLOCKS // 4  # docs/design.md §2.6's chunk, in quads of 4 blocks
-# gemv: (activation rows per CTA, quads whose loads a warp issues together, warps per CTA at most). Launch
-# parameters only (every choice gives the same bits), from benchmarks/gemm_backends_gpu.py --sweep.
-GEMV_TILES = ((8, 4, 8), (16, 2, 8), (32, 2, 4))
+# gemv: (activation rows per CTA, quads whose loads a warp issues together, warps per CTA at most, column
+# groups per CTA). Launch parameters only (every choice gives the same bits), from
+# benchmarks/gemm_backends_gpu.py --sweep.
+GEMV_TILES = ((8, 4, 8, 1), (16, 2, 8, 1), (32, 2, 4, 1))
 GEMM_ROWS = 64  # activation rows per CTA of gemm: 8 n8 tiles per warp
 GEMM_WARPS = 8  # column groups (warps) per CTA of gemm
-SHARED_BYTES = 48 * 1024  # what a CTA gets without opting in to more
+DEFAULT_SHARED_BYTES = 48 * 1024  # what a CTA gets without opting in to more
+
+NVRTC_OPTIONS = ("--fmad=false",)  # every float32 add and multiply rounded on its own (docs/design.md §2.6)
 
 _log = logging.getLogger(__name__)
 
@@ -49,29 +52,47 @@ def available(device_index: int) -> bool:
     return True
 
 
-def gemv_tile(rows: float) -> tuple[int, int, int]:
+def gemv_tile(rows: float) -> tuple[int, int, int, int]:
     """The :data:`GEMV_TILES` entry for ``rows`` activation rows per weight matrix."""
     return next((tile for tile in GEMV_TILES if rows <= tile[0]), GEMV_TILES[-1])
 
 
-def _gemv_shared_bytes(rows: int, k: int) -> int:
-    """Shared memory of one gemv CTA: a float32 sum per chunk of K for its rows × 16 weight rows."""
-    return -(-k // (CHUNK_QUADS * 64)) * rows * 16 * 4
-
-
-def gemv_fits(rows_per_matrix: float, k: int) -> bool:
-    """Whether gemv's chunk sums fit the 48 KB of shared memory a CTA gets without opting in (K up to
-    48 K at 8 rows, 12 K at 32; gemm serves longer K)."""
-    return _gemv_shared_bytes(gemv_tile(rows_per_matrix)[0], k) <= SHARED_BYTES
+def _gemv_shared_bytes(tile: tuple[int, int, int, int], k: int) -> int:
+    """Shared memory of one gemv CTA, bytes: a float32 sum per chunk of K for its rows × 16 weight rows
+    per column group."""
+    rows, _, _, column_groups = tile
+    return -(-k // (CHUNK_QUADS * 64)) * rows * 16 * column_groups * 4
 
 
 @functools.cache
-def _module(tile: tuple[int, int, int], grouped: bool, gather: bool, bf16: bool, device_index: int):
-    """``(gemv, gemm)`` compiled for one gemv tile and one operand form."""
-    rows, prefetch, warps = tile
+def _shared_limit(device_index: int) -> int:
+    """Shared memory a CTA may opt in to on the device, bytes (227 KB on Hopper, 99 KB on Ada)."""
+    return torch.cuda.get_device_properties(device_index).shared_memory_per_block_optin
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def tile_fits(tile: tuple[int, int, int, int], k: int, device: torch.device) -> bool:
+    """Whether gemv's chunk sums for ``tile`` and ``k`` fit a CTA's shared memory on CUDA ``device``."""
+    return _gemv_shared_bytes(tile, k) <= _shared_limit(_index(device))
+
+
+def gemv_fits(rows_per_matrix: float, k: int, device: torch.device) -> bool:
+    """Whether the default gemv tile for ``rows_per_matrix`` rows fits (:func:`tile_fits`; with one column
+    group per CTA, on Hopper K up to 227 K at 8 rows, 56 K at 32; gemm serves longer K)."""
+    return tile_fits(gemv_tile(rows_per_matrix), k, device)
+
+
+def source(tile: tuple[int, int, int, int], grouped: bool, gather: bool, bf16: bool) -> str:
+    """The CUDA source of both kernels for one gemv tile and one operand form: :data:`SOURCE` after the
+    ``#define`` lines of its macros."""
+    rows, prefetch, warps, column_groups = tile
     defines = {
         "NT": rows // 8,
         "PREFETCH": prefetch,
+        "GROUPS": column_groups,
         "WARPS": GEMM_WARPS,
         "TILE_ROWS": GEMM_ROWS,
         "CHUNK_QUADS": CHUNK_QUADS,
@@ -80,10 +101,16 @@ def _module(tile: tuple[int, int, int], grouped: bool, gather: bool, bf16: bool,
         "OUT_BF16": int(bf16),
         "MAX_THREADS": 32 * max(warps, GEMM_WARPS),
     }
-    source = "".join(f"#define {name} {value}\n" for name, value in defines.items()) + SOURCE.read_text()
+    return "".join(f"#define {name} {value}\n" for name, value in defines.items()) + SOURCE.read_text()
+
+
+@functools.cache
+def _module(tile: tuple[int, int, int, int], grouped: bool, gather: bool, bf16: bool, device_index: int):
+    """``(gemv, gemm)`` compiled for one gemv tile and one operand form."""
+    text = source(tile, grouped, gather, bf16)
     with torch.cuda.device(device_index):
-        gemv = torch.cuda._compile_kernel(source, "nvfp4_fragment_gemv", nvcc_options=["--fmad=false"])
-        gemm = torch.cuda._compile_kernel(source, "nvfp4_fragment_gemm", nvcc_options=["--fmad=false"])
+        gemv = torch.cuda._compile_kernel(text, "nvfp4_fragment_gemv", nvcc_options=list(NVRTC_OPTIONS))
+        gemm = torch.cuda._compile_kernel(text, "nvfp4_fragment_gemm", nvcc_options=list(NVRTC_OPTIONS))
     return gemv, gemm
 
 
@@ -109,7 +136,7 @@ def launch(
     x_rows: torch.Tensor | None = None,
     tiles: tuple[torch.Tensor, ...] | None = None,
     grid_rows: int | None = None,
-    tile: tuple[int, int, int] | None = None,
+    tile: tuple[int, int, int, int] | None = None,
 ) -> None:
     """Run one of the kernels into ``out [R, N]`` (float32 or bfloat16), on ``x``'s device and current stream.
 
@@ -125,9 +152,9 @@ def launch(
     Raises:
         ValueError: ``gemv`` for a K whose chunk sums do not fit its shared memory (:func:`gemv_fits`).
     """
-    device_index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    device_index = _index(x.device)
     tile = tile or gemv_tile(rows_per_matrix)
-    if gemv and _gemv_shared_bytes(tile[0], fragments.k) > SHARED_BYTES:
+    if gemv and not tile_fits(tile, fragments.k, x.device):
         raise ValueError(f"fragment gemv: K = {fragments.k} needs more shared memory than a CTA has; use gemm")
     gemv_kernel, gemm_kernel = _module(
         tile, tiles is not None, x_rows is not None, out.dtype == torch.bfloat16, device_index
@@ -139,13 +166,16 @@ def launch(
     with torch.cuda.device(x.device):  # the launch goes to the current stream of the current device
         if gemv:
             warps = min(-(-quads // CHUNK_QUADS), tile[2])
-            shared = _gemv_shared_bytes(rows, fragments.k)
-            gemv_kernel(grid=(grid_rows, groups, 1), block=(32 * warps, 1, 1), args=args, shared_mem=shared)
+            shared = _gemv_shared_bytes(tile, fragments.k)
+            if shared > DEFAULT_SHARED_BYTES:  # beyond it a CTA has to opt in (up to _shared_limit)
+                gemv_kernel.set_shared_memory_config(shared)
+            grid = (grid_rows, -(-groups // tile[3]), 1)
+            gemv_kernel(grid=grid, block=(32 * warps, 1, 1), args=args, shared_mem=shared)
         else:
             grid = (grid_rows, -(-groups // GEMM_WARPS), 1)
             gemm_kernel(grid=grid, block=(32 * GEMM_WARPS, 1, 1), args=args)
 
 
-def rows_per_cta(rows_per_matrix: float, gemv: bool, tile: tuple[int, int, int] | None = None) -> int:
+def rows_per_cta(rows_per_matrix: float, gemv: bool, tile: tuple[int, int, int, int] | None = None) -> int:
     """Activation rows one CTA covers: what a grouped product's tiles must be built for."""
     return (tile or gemv_tile(rows_per_matrix))[0] if gemv else GEMM_ROWS

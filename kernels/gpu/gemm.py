@@ -117,7 +117,7 @@ def fragment_matmul(
     qw: NVFP4Tensor,
     out_dtype: torch.dtype,
     gemv: bool | None = None,
-    tile: tuple[int, int, int] | None = None,
+    tile: tuple[int, int, int, int] | None = None,
 ) -> torch.Tensor:
     """:func:`matmul` through the CUDA fragment kernels. ``gemv``: which kernel (default: by
     :data:`CROSSOVER_ROWS`); ``tile``: a gemv tile other than the default (benchmarks choose their own)."""
@@ -128,7 +128,7 @@ def fragment_matmul(
         x, xg = _activations(qx)
         wg = qw.global_scale.reshape(1).to(torch.float32)
         if gemv is None:
-            gemv = m <= CROSSOVER_ROWS["dense"] and fragment_gemm.gemv_fits(m, qx.shape[1])
+            gemv = m <= CROSSOVER_ROWS["dense"] and fragment_gemm.gemv_fits(m, qx.shape[1], qx.device)
         fragment_gemm.launch(x, xg, _fragments(qw), wg, out, rows_per_matrix=m, gemv=gemv, tile=tile)
     return out.to(out_dtype)
 
@@ -205,7 +205,8 @@ def fragment_grouped_matmul(
         wg = qw.global_scale.to(torch.float32).contiguous()
         per_expert = r / num_experts
         if gemv is None:
-            gemv = per_expert <= CROSSOVER_ROWS["grouped"] and fragment_gemm.gemv_fits(per_expert, qx.shape[1])
+            fits = fragment_gemm.gemv_fits(per_expert, qx.shape[1], qx.device)
+            gemv = per_expert <= CROSSOVER_ROWS["grouped"] and fits
         rows = fragment_gemm.rows_per_cta(per_expert, gemv)
         tile_expert, tile_start, tile_end, num_tiles, max_tiles = expert_tiles(experts, num_experts, rows)
         fragment_gemm.launch(

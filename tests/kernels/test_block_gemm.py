@@ -99,6 +99,21 @@ def test_every_kernel_gives_the_reference_bits_on_cuda(out_dtype, m, n, k):
     assert_same_bits(ref, gemm.matmul(qx, prepared, out_dtype=out_dtype), "dispatch")
 
 
+# gemv tiles with several column groups per CTA, over weights whose column groups do not fill the last CTA
+COLUMN_GROUP_TILES = [(8, 4, 8, 2), (16, 2, 8, 4), (32, 1, 4, 4), (32, 2, 8, 2), (32, 4, 4, 4)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", COLUMN_GROUP_TILES)
+@pytest.mark.parametrize("m,n,k", [(1, 200, 528), (9, 136, 2112), (31, 48, 96), (33, 1040, 7168)])
+def test_gemv_tiles_of_several_column_groups_give_the_reference_bits(tile, m, n, k):
+    qx, qw = _operands(m, n, k, seed=n + m)
+    prepared = gemm.with_fragments(qw)
+    for out_dtype in (torch.float32, torch.bfloat16):
+        y = gpu_gemm.fragment_matmul(qx, prepared, out_dtype, gemv=True, tile=tile)
+        assert_same_bits(block_gemm.matmul(_cpu(qx), _cpu(qw), out_dtype), y, f"gemv {tile}")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("gemv", [True, False])
 def test_grouped_kernels_give_the_reference_bits_on_cuda(gemv):
@@ -137,9 +152,9 @@ def test_fragment_kernels_run_inside_a_cuda_graph():
 
 @pytest.mark.gpu
 def test_other_output_dtypes_per_tensor_activations_and_long_k_on_cuda():
-    """Added after the 2026-12-02 H200 run (not yet run on a GPU): float16 output (computed in float32 and
-    rounded once, as the reference), per-tensor activation scales, and a K too long for gemv's shared
-    memory at 32 rows, which the dispatch sends to gemm."""
+    """Float16 output (computed in float32 and rounded once, as the reference), per-tensor activation scales,
+    and a K too long for gemv's shared memory at 32 rows (256 KB of chunk sums), which the dispatch sends to
+    gemm."""
     qx, qw = _operands(5, 72, 528, seed=3)
     prepared = gemm.with_fragments(qw)
     ref = block_gemm.matmul(_cpu(qx), _cpu(qw), torch.float16)
@@ -147,9 +162,9 @@ def test_other_output_dtypes_per_tensor_activations_and_long_k_on_cuda():
     x = heavy_tailed((7, 528), 4).to(DEVICE)
     per_tensor = nvfp4.quantize(x, scale="per_tensor", four_over_six="mse")
     assert_same_bits(block_gemm.matmul(_cpu(per_tensor), _cpu(qw)), gemm.matmul(per_tensor, prepared), "per tensor")
-    qx, qw = _operands(20, 48, 16384, seed=5)
+    qx, qw = _operands(20, 48, 65536, seed=5)
     prepared = gemm.with_fragments(qw)
-    assert not fragment_gemm.gemv_fits(20, 16384)
+    assert not fragment_gemm.gemv_fits(20, 65536, qx.device)
     assert_same_bits(block_gemm.matmul(_cpu(qx), _cpu(qw)), gemm.matmul(qx, prepared), "long K through gemm")
     with pytest.raises(ValueError, match="shared memory"):
         gpu_gemm.fragment_matmul(qx, prepared, torch.float32, gemv=True)

@@ -1,0 +1,37 @@
+"""The CUDA fragment kernels build for Hopper (sm_90) and Ada (sm_89) in every form their launcher
+compiles — checked without a GPU (``tests.kernels.cuda_build``). The GPU tests check their bits on the
+H200; this catches, in CI, a source NVRTC would reject at the first launch there.
+"""
+
+import itertools
+
+import pytest
+
+pytest.importorskip("nvidia.cuda_nvrtc", reason="the nvidia-cuda-nvrtc-cu12 dev dependency is not installed")
+
+from nibble.kernels.gpu import fragment_gemm
+from tests.kernels.cuda_build import BuildError, compile_cubin
+
+FORMS = list(itertools.product([False, True], repeat=3))  # grouped, gather, bf16 output
+KERNELS = ("nvfp4_fragment_gemv", "nvfp4_fragment_gemm")
+
+
+@pytest.mark.parametrize("tile", fragment_gemm.GEMV_TILES)
+@pytest.mark.parametrize("grouped,gather,bf16", FORMS)
+def test_every_form_the_launcher_compiles_builds_for_hopper(tile, grouped, gather, bf16):
+    cubin, log = compile_cubin(fragment_gemm.source(tile, grouped, gather, bf16), fragment_gemm.NVRTC_OPTIONS, 90)
+    for kernel in KERNELS:
+        assert f"Compiling entry function '{kernel}' for 'sm_90'" in log
+        assert kernel.encode() in cubin
+
+
+def test_builds_for_ada():
+    source = fragment_gemm.source(fragment_gemm.GEMV_TILES[0], False, False, True)
+    _, log = compile_cubin(source, fragment_gemm.NVRTC_OPTIONS, 89)
+    assert all(f"Compiling entry function '{kernel}' for 'sm_89'" in log for kernel in KERNELS)
+
+
+def test_a_source_nvrtc_rejects_is_reported_with_its_log():
+    source = fragment_gemm.source(fragment_gemm.GEMV_TILES[0], False, False, True).replace("#define NT", "#define NQ")
+    with pytest.raises(BuildError, match='identifier "NT" is undefined'):
+        compile_cubin(source, fragment_gemm.NVRTC_OPTIONS, 90)
