@@ -27,9 +27,13 @@ from ..reference import block_gemm
 SOURCE = pathlib.Path(__file__).with_name("fragment_gemm.cu")
 CHUNK_QUADS = block_gemm.CHUNK_BLOCKS // 4  # docs/design.md §2.6's chunk, in quads of 4 blocks
 # gemv: (activation rows per CTA, quads whose loads a warp issues together, warps per CTA at most, column
-# groups per CTA). Launch parameters only (every choice gives the same bits), from
-# benchmarks/gemm_backends_gpu.py --sweep.
-GEMV_TILES = ((8, 4, 8, 1), (16, 2, 8, 1), (32, 2, 4, 1))
+# groups per CTA at most). Launch parameters only (every choice gives the same bits), from
+# benchmarks/gemm_backends_gpu.py --sweep (benchmarks/results/h100_gemv_column_groups_sweep.json).
+GEMV_TILES = ((8, 4, 8, 1), (16, 2, 8, 1), (32, 1, 8, 4))
+# A CTA takes several column groups only while the weight still gives this many CTAs per row tile: four
+# per CTA made 8192 x 7168 (512 groups, 128 CTAs) 1.23x faster at 32 rows and 1.43x at 64, but a 1536 x 2048
+# weight (96 groups, 24 CTAs) 1.45x slower, leaving SMs idle (H100, the sweep above).
+MIN_COLUMN_GROUP_CTAS = 128
 GEMM_ROWS = 64  # activation rows per CTA of gemm: 8 n8 tiles per warp
 GEMM_WARPS = 8  # column groups (warps) per CTA of gemm
 DEFAULT_SHARED_BYTES = 48 * 1024  # what a CTA gets without opting in to more
@@ -52,9 +56,25 @@ def available(device_index: int) -> bool:
     return True
 
 
-def gemv_tile(rows: float) -> tuple[int, int, int, int]:
-    """The :data:`GEMV_TILES` entry for ``rows`` activation rows per weight matrix."""
+def _table_tile(rows: float) -> tuple[int, int, int, int]:
     return next((tile for tile in GEMV_TILES if rows <= tile[0]), GEMV_TILES[-1])
+
+
+def gemv_tile(rows: float, groups: int, k: int, shared_bytes: int) -> tuple[int, int, int, int] | None:
+    """gemv's tile for ``rows`` activation rows per weight matrix of ``groups`` column groups (N / 16) and
+    ``k``: the :data:`GEMV_TILES` entry for ``rows``, its column groups per CTA halved until the weight gives
+    :data:`MIN_COLUMN_GROUP_CTAS` CTAs and the chunk sums fit ``shared_bytes`` (:func:`shared_limit`); None
+    where even one group's do not (then gemm serves)."""
+    rows_per_cta, prefetch, warps, column_groups = _table_tile(rows)
+    while column_groups > 1 and -(-groups // column_groups) < MIN_COLUMN_GROUP_CTAS:
+        column_groups //= 2
+    while True:
+        tile = (rows_per_cta, prefetch, warps, column_groups)
+        if _gemv_shared_bytes(tile, k) <= shared_bytes:
+            return tile
+        if column_groups == 1:
+            return None
+        column_groups //= 2
 
 
 def _gemv_shared_bytes(tile: tuple[int, int, int, int], k: int) -> int:
@@ -66,7 +86,6 @@ def _gemv_shared_bytes(tile: tuple[int, int, int, int], k: int) -> int:
 
 @functools.cache
 def _shared_limit(device_index: int) -> int:
-    """Shared memory a CTA may opt in to on the device, bytes (227 KB on Hopper, 99 KB on Ada)."""
     return torch.cuda.get_device_properties(device_index).shared_memory_per_block_optin
 
 
@@ -74,15 +93,20 @@ def _index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
+def shared_limit(device: torch.device) -> int:
+    """Shared memory a CTA may opt in to on CUDA ``device``, bytes (227 KB on Hopper, 99 KB on Ada)."""
+    return _shared_limit(_index(device))
+
+
 def tile_fits(tile: tuple[int, int, int, int], k: int, device: torch.device) -> bool:
     """Whether gemv's chunk sums for ``tile`` and ``k`` fit a CTA's shared memory on CUDA ``device``."""
-    return _gemv_shared_bytes(tile, k) <= _shared_limit(_index(device))
+    return _gemv_shared_bytes(tile, k) <= shared_limit(device)
 
 
-def gemv_fits(rows_per_matrix: float, k: int, device: torch.device) -> bool:
-    """Whether the default gemv tile for ``rows_per_matrix`` rows fits (:func:`tile_fits`; with one column
-    group per CTA, on Hopper K up to 227 K at 8 rows, 56 K at 32; gemm serves longer K)."""
-    return tile_fits(gemv_tile(rows_per_matrix), k, device)
+def gemv_fits(rows_per_matrix: float, groups: int, k: int, device: torch.device) -> bool:
+    """Whether gemv has a tile for this product (:func:`gemv_tile`; on Hopper K up to 227 K at 8 rows, 56 K at
+    32; gemm serves longer K)."""
+    return gemv_tile(rows_per_matrix, groups, k, shared_limit(device)) is not None
 
 
 def source(tile: tuple[int, int, int, int], grouped: bool, gather: bool, bf16: bool) -> str:
@@ -153,14 +177,15 @@ def launch(
         ValueError: ``gemv`` for a K whose chunk sums do not fit its shared memory (:func:`gemv_fits`).
     """
     device_index = _index(x.device)
-    tile = tile or gemv_tile(rows_per_matrix)
-    if gemv and not tile_fits(tile, fragments.k, x.device):
+    groups, quads = fragments.words.shape[1:3]
+    tile = tile or gemv_tile(rows_per_matrix, groups, fragments.k, shared_limit(x.device))
+    if gemv and (tile is None or not tile_fits(tile, fragments.k, x.device)):
         raise ValueError(f"fragment gemv: K = {fragments.k} needs more shared memory than a CTA has; use gemm")
+    tile = tile or GEMV_TILES[0]  # gemm's compile: the gemv tile is only a macro there
     gemv_kernel, gemm_kernel = _module(
         tile, tiles is not None, x_rows is not None, out.dtype == torch.bfloat16, device_index
     )
     args = _common_args(x, x_g, fragments, w_g, out, x_rows, tiles)
-    groups, quads = fragments.words.shape[1:3]
     rows = tile[0] if gemv else GEMM_ROWS
     grid_rows = grid_rows if grid_rows is not None else -(-out.shape[0] // rows)
     with torch.cuda.device(x.device):  # the launch goes to the current stream of the current device
@@ -176,6 +201,6 @@ def launch(
             gemm_kernel(grid=grid, block=(32 * GEMM_WARPS, 1, 1), args=args)
 
 
-def rows_per_cta(rows_per_matrix: float, gemv: bool, tile: tuple[int, int, int, int] | None = None) -> int:
-    """Activation rows one CTA covers: what a grouped product's tiles must be built for."""
-    return (tile or gemv_tile(rows_per_matrix))[0] if gemv else GEMM_ROWS
+def rows_per_cta(rows_per_matrix: float, gemv: bool) -> int:
+    """Activation rows one CTA of the default tiles covers: what a grouped product's tiles must be built for."""
+    return _table_tile(rows_per_matrix)[0] if gemv else GEMM_ROWS
