@@ -26,17 +26,17 @@ from ..reference import block_gemm
 
 SOURCE = pathlib.Path(__file__).with_name("fragment_gemm.cu")
 CHUNK_QUADS = block_gemm.CHUNK_BLOCKS // 4  # docs/design.md §2.6's chunk, in quads of 4 blocks
-# gemv: (activation rows per CTA, quads whose loads a warp issues together, warps per CTA at most, column
-# groups per CTA at most). Launch parameters only (every choice gives the same bits), from
-# benchmarks/gemm_backends_gpu.py --sweep (benchmarks/results/h100_gemv_column_groups_sweep.json).
-GEMV_TILES = ((8, 4, 8, 1), (16, 2, 8, 1), (32, 1, 8, 4))
-# A CTA takes several column groups only while the weight still gives this many CTAs per row tile: four
-# per CTA made 8192 x 7168 (512 groups, 128 CTAs) 1.23x faster at 32 rows and 1.43x at 64, but a 1536 x 2048
+# gemv tiles: (activation rows per CTA, quads whose loads a warp issues together, warps per CTA at most, column
+# groups per CTA), by rows per CTA and, within them, in order of preference. Launch parameters only (every
+# choice gives the same bits), from benchmarks/gemm_backends_gpu.py --sweep (h200_gemm_sweep.json; the 32-row
+# tiles of several column groups from h100_gemv_column_groups_sweep.json).
+GEMV_TILES = ((8, 4, 8, 1), (16, 2, 8, 1), (32, 1, 8, 4), (32, 1, 8, 2), (32, 2, 4, 1))
+# A tile of several column groups serves only weights that still give this many CTAs per row tile: four
+# per CTA made 8192 x 7168 (512 groups, 128 CTAs) 1.23x faster at 32 rows and 1.32x at 64, but a 1536 x 2048
 # weight (96 groups, 24 CTAs) 1.45x slower, leaving SMs idle (H100, the sweep above).
 MIN_COLUMN_GROUP_CTAS = 128
 GEMM_ROWS = 64  # activation rows per CTA of gemm: 8 n8 tiles per warp
 GEMM_WARPS = 8  # column groups (warps) per CTA of gemm
-DEFAULT_SHARED_BYTES = 48 * 1024  # what a CTA gets without opting in to more
 
 NVRTC_OPTIONS = ("--fmad=false",)  # every float32 add and multiply rounded on its own (docs/design.md §2.6)
 
@@ -56,25 +56,23 @@ def available(device_index: int) -> bool:
     return True
 
 
-def _table_tile(rows: float) -> tuple[int, int, int, int]:
-    return next((tile for tile in GEMV_TILES if rows <= tile[0]), GEMV_TILES[-1])
+def _rows_per_cta(rows: float) -> int:
+    """The fewest rows per CTA of :data:`GEMV_TILES` that cover ``rows`` (the most, beyond them)."""
+    sizes = sorted({tile[0] for tile in GEMV_TILES})
+    return next((size for size in sizes if rows <= size), sizes[-1])
 
 
 def gemv_tile(rows: float, groups: int, k: int, shared_bytes: int) -> tuple[int, int, int, int] | None:
     """gemv's tile for ``rows`` activation rows per weight matrix of ``groups`` column groups (N / 16) and
-    ``k``: the :data:`GEMV_TILES` entry for ``rows``, its column groups per CTA halved until the weight gives
-    :data:`MIN_COLUMN_GROUP_CTAS` CTAs and the chunk sums fit ``shared_bytes`` (:func:`shared_limit`); None
-    where even one group's do not (then gemm serves)."""
-    rows_per_cta, prefetch, warps, column_groups = _table_tile(rows)
-    while column_groups > 1 and -(-groups // column_groups) < MIN_COLUMN_GROUP_CTAS:
-        column_groups //= 2
-    while True:
-        tile = (rows_per_cta, prefetch, warps, column_groups)
-        if _gemv_shared_bytes(tile, k) <= shared_bytes:
+    ``k``: the first :data:`GEMV_TILES` entry of ``rows``' rows per CTA that takes one column group or leaves
+    the weight :data:`MIN_COLUMN_GROUP_CTAS` CTAs, and whose chunk sums fit ``shared_bytes``
+    (:func:`shared_limit`); None where none does (then gemm serves)."""
+    size = _rows_per_cta(rows)
+    for tile in GEMV_TILES:
+        enough_ctas = tile[3] == 1 or -(-groups // tile[3]) >= MIN_COLUMN_GROUP_CTAS
+        if tile[0] == size and enough_ctas and _gemv_shared_bytes(tile, k) <= shared_bytes:
             return tile
-        if column_groups == 1:
-            return None
-        column_groups //= 2
+    return None
 
 
 def _gemv_shared_bytes(tile: tuple[int, int, int, int], k: int) -> int:
@@ -103,10 +101,11 @@ def tile_fits(tile: tuple[int, int, int, int], k: int, device: torch.device) -> 
     return _gemv_shared_bytes(tile, k) <= shared_limit(device)
 
 
-def gemv_fits(rows_per_matrix: float, groups: int, k: int, device: torch.device) -> bool:
-    """Whether gemv has a tile for this product (:func:`gemv_tile`; on Hopper K up to 227 K at 8 rows, 56 K at
-    32; gemm serves longer K)."""
-    return gemv_tile(rows_per_matrix, groups, k, shared_limit(device)) is not None
+def gemv_fits(rows_per_matrix: float, k: int, device: torch.device) -> bool:
+    """Whether gemv has a tile for ``rows_per_matrix`` rows and ``k`` on CUDA ``device`` whatever the weight's
+    width: its one-group tile's chunk sums fit (on Hopper K up to 227 K at 8 rows, 56 K at 32; gemm serves
+    longer K)."""
+    return gemv_tile(rows_per_matrix, 1, k, shared_limit(device)) is not None
 
 
 def source(tile: tuple[int, int, int, int], grouped: bool, gather: bool, bf16: bool) -> str:
@@ -130,11 +129,13 @@ def source(tile: tuple[int, int, int, int], grouped: bool, gather: bool, bf16: b
 
 @functools.cache
 def _module(tile: tuple[int, int, int, int], grouped: bool, gather: bool, bf16: bool, device_index: int):
-    """``(gemv, gemm)`` compiled for one gemv tile and one operand form."""
+    """``(gemv, gemm)`` compiled for one gemv tile and one operand form; gemv may take as much shared memory
+    as a CTA can opt in to (set once here, so a captured CUDA graph never sees the limit change)."""
     text = source(tile, grouped, gather, bf16)
     with torch.cuda.device(device_index):
         gemv = torch.cuda._compile_kernel(text, "nvfp4_fragment_gemv", nvcc_options=list(NVRTC_OPTIONS))
         gemm = torch.cuda._compile_kernel(text, "nvfp4_fragment_gemm", nvcc_options=list(NVRTC_OPTIONS))
+        gemv.set_shared_memory_config(_shared_limit(device_index))
     return gemv, gemm
 
 
@@ -172,16 +173,18 @@ def launch(
         x_rows: int64 ``[R]`` activation row of each output row (grouped products), or None.
         tiles: ``(tile_expert, tile_start, tile_end, num_tiles)`` int32 device tensors of a grouped product,
             built for the kernel's rows per CTA (:func:`rows_per_cta`); ``grid_rows`` its tile count bound.
-        tile: a gemv tile other than the default (benchmarks sweep them).
+        tile: a gemv tile other than :func:`gemv_tile`'s (benchmarks sweep them); gemm ignores it.
     Raises:
         ValueError: ``gemv`` for a K whose chunk sums do not fit its shared memory (:func:`gemv_fits`).
     """
     device_index = _index(x.device)
     groups, quads = fragments.words.shape[1:3]
-    tile = tile or gemv_tile(rows_per_matrix, groups, fragments.k, shared_limit(x.device))
-    if gemv and (tile is None or not tile_fits(tile, fragments.k, x.device)):
-        raise ValueError(f"fragment gemv: K = {fragments.k} needs more shared memory than a CTA has; use gemm")
-    tile = tile or GEMV_TILES[0]  # gemm's compile: the gemv tile is only a macro there
+    if gemv:
+        tile = tile or gemv_tile(rows_per_matrix, groups, fragments.k, shared_limit(x.device))
+        if tile is None or not tile_fits(tile, fragments.k, x.device):
+            raise ValueError(f"fragment gemv: K = {fragments.k} needs more shared memory than a CTA has; use gemm")
+    else:
+        tile = GEMV_TILES[0]  # gemm's compile: the gemv tile is only a macro there
     gemv_kernel, gemm_kernel = _module(
         tile, tiles is not None, x_rows is not None, out.dtype == torch.bfloat16, device_index
     )
@@ -192,8 +195,6 @@ def launch(
         if gemv:
             warps = min(-(-quads // CHUNK_QUADS), tile[2])
             shared = _gemv_shared_bytes(tile, fragments.k)
-            if shared > DEFAULT_SHARED_BYTES:  # beyond it a CTA has to opt in (up to _shared_limit)
-                gemv_kernel.set_shared_memory_config(shared)
             grid = (grid_rows, -(-groups // tile[3]), 1)
             gemv_kernel(grid=grid, block=(32 * warps, 1, 1), args=args, shared_mem=shared)
         else:
@@ -203,4 +204,4 @@ def launch(
 
 def rows_per_cta(rows_per_matrix: float, gemv: bool) -> int:
     """Activation rows one CTA of the default tiles covers: what a grouped product's tiles must be built for."""
-    return _table_tile(rows_per_matrix)[0] if gemv else GEMM_ROWS
+    return _rows_per_cta(rows_per_matrix) if gemv else GEMM_ROWS

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..fragments import COLUMN_GROUP, NVFP4Fragments, mismatch, to_fragments
+from ..fragments import NVFP4Fragments, mismatch, to_fragments
 from ..tensors import NVFP4_BLOCK, NVFP4Tensor
 from . import fragment_gemm
 from .expert_tiles import expert_tiles
@@ -128,8 +128,7 @@ def fragment_matmul(
         x, xg = _activations(qx)
         wg = qw.global_scale.reshape(1).to(torch.float32)
         if gemv is None:
-            groups = -(-qw.shape[0] // COLUMN_GROUP)
-            gemv = m <= CROSSOVER_ROWS["dense"] and fragment_gemm.gemv_fits(m, groups, qx.shape[1], qx.device)
+            gemv = m <= CROSSOVER_ROWS["dense"] and fragment_gemm.gemv_fits(m, qx.shape[1], qx.device)
         fragment_gemm.launch(x, xg, _fragments(qw), wg, out, rows_per_matrix=m, gemv=gemv, tile=tile)
     return out.to(out_dtype)
 
@@ -206,7 +205,7 @@ def fragment_grouped_matmul(
         wg = qw.global_scale.to(torch.float32).contiguous()
         per_expert = r / num_experts
         if gemv is None:
-            fits = fragment_gemm.gemv_fits(per_expert, -(-n // COLUMN_GROUP), qx.shape[1], qx.device)
+            fits = fragment_gemm.gemv_fits(per_expert, qx.shape[1], qx.device)
             gemv = per_expert <= CROSSOVER_ROWS["grouped"] and fits
         rows = fragment_gemm.rows_per_cta(per_expert, gemv)
         tile_expert, tile_start, tile_end, num_tiles, max_tiles = expert_tiles(experts, num_experts, rows)

@@ -100,33 +100,37 @@ def test_every_kernel_gives_the_reference_bits_on_cuda(out_dtype, m, n, k):
 
 
 # gemv tiles with several column groups per CTA, over weights whose column groups do not fill the last CTA
+# (K = 3072 makes (32, 1, 8, 4)'s chunk sums exactly the 48 KB a CTA gets without opting in)
 COLUMN_GROUP_TILES = [(8, 4, 8, 2), (16, 2, 8, 4), (32, 1, 4, 4), (32, 1, 8, 4), (32, 2, 8, 2), (32, 4, 4, 4)]
 HOPPER_SHARED = 232448  # bytes a CTA may opt in to on sm_90
 
 
 def test_gemv_takes_several_column_groups_only_where_the_weight_keeps_enough_ctas():
-    rows, prefetch, warps, most = fragment_gemm.GEMV_TILES[-1]
-    assert most > 1
-    wide = fragment_gemm.gemv_tile(32, fragment_gemm.MIN_COLUMN_GROUP_CTAS * most, 7168, HOPPER_SHARED)
-    assert wide == (rows, prefetch, warps, most)
-    narrow = fragment_gemm.gemv_tile(32, 96, 2048, HOPPER_SHARED)  # a 1536-row weight
-    assert narrow == (rows, prefetch, warps, 1)
-    assert fragment_gemm.gemv_tile(8, 4096, 7168, HOPPER_SHARED)[3] == 1  # the 8-row tile takes one
+    assert fragment_gemm.gemv_tile(32, 512, 7168, HOPPER_SHARED) == (32, 1, 8, 4)  # 8192 rows: 128 CTAs
+    assert fragment_gemm.gemv_tile(32, 256, 7168, HOPPER_SHARED) == (32, 1, 8, 2)  # 4096 rows
+    assert fragment_gemm.gemv_tile(20, 96, 2048, HOPPER_SHARED) == (32, 2, 4, 1)  # 1536 rows
+    assert fragment_gemm.gemv_tile(64, 4096, 7168, HOPPER_SHARED) == (32, 1, 8, 4)
+    assert fragment_gemm.gemv_tile(8, 4096, 7168, HOPPER_SHARED) == (8, 4, 8, 1)
+    assert fragment_gemm.gemv_tile(9, 4096, 7168, HOPPER_SHARED) == (16, 2, 8, 1)
 
 
 def test_gemv_gives_up_column_groups_before_k_and_then_the_product():
-    groups = fragment_gemm.MIN_COLUMN_GROUP_CTAS * 4
     # K = 14336: 28 chunks x 32 rows x 64 columns x 4 bytes = 229376 fits with four groups
-    assert fragment_gemm.gemv_tile(32, groups, 14336, HOPPER_SHARED)[3] == 4
-    assert fragment_gemm.gemv_tile(32, groups, 14336 + 512, HOPPER_SHARED)[3] == 2
-    assert fragment_gemm.gemv_tile(32, groups, 113 * 512, HOPPER_SHARED)[3] == 1  # 113 chunks x 2 KB
-    assert fragment_gemm.gemv_tile(32, groups, 114 * 512, HOPPER_SHARED) is None
-    assert fragment_gemm.gemv_tile(32, groups, 12288, 48 * 1024)[3] == 1  # without opting in: 12 K at one group
+    assert fragment_gemm.gemv_tile(32, 512, 14336, HOPPER_SHARED)[3] == 4
+    assert fragment_gemm.gemv_tile(32, 512, 14336 + 512, HOPPER_SHARED)[3] == 2
+    assert fragment_gemm.gemv_tile(32, 512, 113 * 512, HOPPER_SHARED)[3] == 1  # 113 chunks x 2 KB
+    assert fragment_gemm.gemv_tile(32, 512, 114 * 512, HOPPER_SHARED) is None
+    assert fragment_gemm.gemv_tile(32, 512, 12288, 48 * 1024) == (32, 2, 4, 1)  # without opting in: 12 K
+
+
+def test_every_row_count_of_the_gemv_tiles_ends_with_a_one_group_tile():
+    for size in {tile[0] for tile in fragment_gemm.GEMV_TILES}:
+        assert [tile for tile in fragment_gemm.GEMV_TILES if tile[0] == size][-1][3] == 1, size
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tile", COLUMN_GROUP_TILES)
-@pytest.mark.parametrize("m,n,k", [(1, 200, 528), (9, 136, 2112), (31, 48, 96), (33, 1040, 7168)])
+@pytest.mark.parametrize("m,n,k", [(1, 200, 528), (9, 136, 2112), (31, 48, 96), (33, 1040, 7168), (20, 72, 3072)])
 def test_gemv_tiles_of_several_column_groups_give_the_reference_bits(tile, m, n, k):
     qx, qw = _operands(m, n, k, seed=n + m)
     prepared = gemm.with_fragments(qw)
@@ -185,7 +189,7 @@ def test_other_output_dtypes_per_tensor_activations_and_long_k_on_cuda():
     assert_same_bits(block_gemm.matmul(_cpu(per_tensor), _cpu(qw)), gemm.matmul(per_tensor, prepared), "per tensor")
     qx, qw = _operands(20, 48, 65536, seed=5)
     prepared = gemm.with_fragments(qw)
-    assert not fragment_gemm.gemv_fits(20, 3, 65536, qx.device)
+    assert not fragment_gemm.gemv_fits(20, 65536, qx.device)
     assert_same_bits(block_gemm.matmul(_cpu(qx), _cpu(qw)), gemm.matmul(qx, prepared), "long K through gemm")
     with pytest.raises(ValueError, match="shared memory"):
         gpu_gemm.fragment_matmul(qx, prepared, torch.float32, gemv=True)

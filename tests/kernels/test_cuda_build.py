@@ -1,6 +1,7 @@
-"""The CUDA fragment kernels build for Hopper (sm_90) and Ada (sm_89) in every form their launcher
-compiles — checked without a GPU (``tests.kernels.cuda_build``). The GPU tests check their bits on the
-H200; this catches, in CI, a source NVRTC would reject at the first launch there.
+"""The CUDA fragment kernels build for Hopper (sm_90) and Ada (sm_89) for every tile of ``GEMV_TILES`` and
+operand form — checked without a GPU (``tests.kernels.cuda_build``). The GPU tests check their bits on the
+H200; this catches, in CI, a source NVRTC rejects. CI's NVRTC is the wheel's (12.9), the GPU machine's is
+its torch's (CUDA 13), so a construct only the newer one rejects would still reach the GPU.
 """
 
 import itertools
