@@ -111,7 +111,8 @@ def sweep() -> list[dict]:
     for m in (1, 8, 16, 32):
         qx = packed_activations(m, k)
         expected = gpu_gemm.fragment_matmul(qx, qws[0], torch.bfloat16, gemv=False)
-        rows = [tile[0] for tile in fragment_gemm.GEMV_TILES if tile[0] <= fragment_gemm.rows_per_cta(m, gemv=True)]
+        most = fragment_gemm.rows_per_cta(m, gemv=True)
+        rows = sorted({tile[0] for tile in fragment_gemm.GEMV_TILES if tile[0] <= most})
         for tile in itertools.product(rows, (1, 2, 4), (4, 8), (1, 2, 4)):
 
             def run(i, qx=qx, tile=tile):
