@@ -107,6 +107,8 @@ HOPPER_SHARED = 232448  # bytes a CTA may opt in to on sm_90
 
 def test_gemv_takes_several_column_groups_only_where_the_weight_keeps_enough_ctas():
     assert fragment_gemm.gemv_tile(32, 512, 7168, HOPPER_SHARED) == (32, 1, 8, 4)  # 8192 rows: 128 CTAs
+    assert fragment_gemm.gemv_tile(32, 509, 7168, HOPPER_SHARED) == (32, 1, 8, 4)  # the last CTA part empty
+    assert fragment_gemm.gemv_tile(32, 508, 7168, HOPPER_SHARED) == (32, 1, 8, 2)  # 127 CTAs of four
     assert fragment_gemm.gemv_tile(32, 256, 7168, HOPPER_SHARED) == (32, 1, 8, 2)  # 4096 rows
     assert fragment_gemm.gemv_tile(20, 96, 2048, HOPPER_SHARED) == (32, 2, 4, 1)  # 1536 rows
     assert fragment_gemm.gemv_tile(64, 4096, 7168, HOPPER_SHARED) == (32, 1, 8, 4)
@@ -121,6 +123,13 @@ def test_gemv_gives_up_column_groups_before_k_and_then_the_product():
     assert fragment_gemm.gemv_tile(32, 512, 113 * 512, HOPPER_SHARED)[3] == 1  # 113 chunks x 2 KB
     assert fragment_gemm.gemv_tile(32, 512, 114 * 512, HOPPER_SHARED) is None
     assert fragment_gemm.gemv_tile(32, 512, 12288, 48 * 1024) == (32, 2, 4, 1)  # without opting in: 12 K
+
+
+def test_grouped_row_tiles_are_built_for_the_rows_of_the_tile_gemv_takes():
+    for rows in (1, 8, 9, 16, 17, 32, 96, 500):
+        for groups in (1, 96, 256, 512, 9496):
+            tile = fragment_gemm.gemv_tile(rows, groups, 7168, HOPPER_SHARED)
+            assert tile[0] == fragment_gemm.rows_per_cta(rows, gemv=True), (rows, groups, tile)
 
 
 def test_every_row_count_of_the_gemv_tiles_ends_with_a_one_group_tile():
