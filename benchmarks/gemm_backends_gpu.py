@@ -147,10 +147,9 @@ def sweep() -> list[dict]:
         for m in (1, 8, 16, 32, 64):
             qx = packed_activations(m, k)
             expected = gpu_gemm.fragment_matmul(qx, qws[0], torch.bfloat16, gemv=False)
+            rows = fragment_gemm.rows_per_cta(m, gemv=True)
             for tile in SWEEP_TILES:
-                if tile[0] != fragment_gemm.rows_per_cta(m, gemv=True) or not fragment_gemm.tile_fits(
-                    tile, k, qx.device
-                ):
+                if tile[0] != rows or not fragment_gemm.tile_fits(tile, k, qx.device):
                     continue
 
                 def run(i, qx=qx, tile=tile, qws=qws):

@@ -205,8 +205,9 @@ def fragment_grouped_matmul(
         wg = qw.global_scale.to(torch.float32).contiguous()
         per_expert = r / num_experts
         if gemv is None:
-            fits = fragment_gemm.gemv_fits(per_expert, qx.shape[1], qx.device)
-            gemv = per_expert <= CROSSOVER_ROWS["grouped"] and fits
+            gemv = per_expert <= CROSSOVER_ROWS["grouped"] and fragment_gemm.gemv_fits(
+                per_expert, qx.shape[1], qx.device
+            )
         rows = fragment_gemm.rows_per_cta(per_expert, gemv)
         tile_expert, tile_start, tile_end, num_tiles, max_tiles = expert_tiles(experts, num_experts, rows)
         fragment_gemm.launch(
