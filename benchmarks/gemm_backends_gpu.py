@@ -29,13 +29,18 @@ DENSE_ROWS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 256, 1024, 4096)
 TRITON_ROWS = 8  # the portable Triton kernel is timed up to here (one dot per block: far slower beyond)
 EXPERTS, HIDDEN, INTER = 128, 2048, 768
 GROUPED_ROWS_PER_EXPERT = (1, 2, 4, 8, 16, 32, 64)
-SWEEP_TILES = tuple(
-    (rows, prefetch, warps, column_groups)
-    for rows in (8, 16, 32)
-    for prefetch in (1, 2, 4)
-    for warps in (4, 8)
-    for column_groups in (1, 2, 4)
-)
+SWEEP_WARPS = (4, 8)  # warps per CTA the sweep tries unless --warps names others
+
+
+def sweep_tiles(warps: tuple[int, ...]) -> tuple[tuple[int, int, int, int], ...]:
+    """The gemv tiles ``--sweep`` times: rows per CTA × prefetch quads × ``warps`` × column groups per CTA."""
+    return tuple(
+        (rows, prefetch, w, column_groups)
+        for rows in (8, 16, 32)
+        for prefetch in (1, 2, 4)
+        for w in warps
+        for column_groups in (1, 2, 4)
+    )
 
 
 def packed_weights(n: int, k: int) -> list[NVFP4Tensor]:
@@ -137,18 +142,18 @@ def _grouped(n: int, k: int) -> list[dict]:
     return rows
 
 
-def sweep() -> list[dict]:
+def sweep(warps: tuple[int, ...]) -> list[dict]:
     """gemv's launch parameters (rows per CTA, prefetch quads, warps, column groups per CTA) at decode sizes;
     every one gives gemm's bits (checked). Each M tries the tiles of its default row count whose chunk sums fit
     a CTA's shared memory."""
     out = []
-    for n, k in ((8192, 7168), (1536, 2048)):
+    for n, k in ((8192, 7168), (4096, 4096), (1536, 2048)):
         qws = packed_weights(n, k)
         for m in (1, 8, 16, 32, 64):
             qx = packed_activations(m, k)
             expected = gpu_gemm.fragment_matmul(qx, qws[0], torch.bfloat16, gemv=False)
             rows = fragment_gemm.rows_per_cta(m, gemv=True)
-            for tile in SWEEP_TILES:
+            for tile in sweep_tiles(warps):
                 if tile[0] != rows or not fragment_gemm.tile_fits(tile, k, qx.device):
                     continue
 
@@ -177,13 +182,17 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200_gemm_backends.json"))
     parser.add_argument("--skip", nargs="*", default=[], choices=["dense", "grouped"])
     parser.add_argument("--sweep", action="store_true", help="time the fragment kernel's launch parameters instead")
+    parser.add_argument("--warps", nargs="+", type=int, default=SWEEP_WARPS, help="warps per CTA --sweep tries")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/gemm_backends_gpu.py needs a CUDA GPU")
     torch.manual_seed(0)
-    result = {"machine": describe(), "command": "python -m benchmarks.gemm_backends_gpu" + (" --sweep" * args.sweep)}
+    command = "python -m benchmarks.gemm_backends_gpu"
     if args.sweep:
-        result["sweep"] = sweep()
+        command += " --sweep --warps " + " ".join(map(str, args.warps))
+    result = {"machine": describe(), "command": command}
+    if args.sweep:
+        result["sweep"] = sweep(tuple(args.warps))
     else:
         if "dense" not in args.skip:
             result["dense"] = [row for n, k in DENSE_SHAPES for row in _dense(n, k)]

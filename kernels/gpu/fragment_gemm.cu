@@ -36,7 +36,8 @@
 // per CTA), WARPS, TILE_ROWS (gemm's
 // activation rows per CTA), CHUNK_QUADS (the chunk of docs/design.md §2.6 in quads), GROUPED (rows sorted by
 // expert, tiles from device-side metadata), GATHER (activation row per output row), OUT_BF16 (bf16
-// output, else float32), MAX_THREADS (the CTA size the registers are planned for).
+// output, else float32), MAX_THREADS (the gemv CTA size its registers are planned for; gemm plans for its
+// WARPS warps, so a gemv tile never changes gemm's code).
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -295,7 +296,7 @@ extern "C" __global__ void __launch_bounds__(MAX_THREADS) nvfp4_fragment_gemv(
 #define STEP 128                      // elements of K staged per step: two quads
 #define X_STRIDE (STEP * 2 + 16)      // bytes per staged row; the pad spreads rows over the banks
 
-extern "C" __global__ void __launch_bounds__(MAX_THREADS) nvfp4_fragment_gemm(
+extern "C" __global__ void __launch_bounds__(32 * WARPS) nvfp4_fragment_gemm(
     const Words* __restrict__ w_words, const Pair* __restrict__ w_scales, const float* __restrict__ w_g,
     const u16* __restrict__ x, const float* __restrict__ x_g, const i64* __restrict__ x_rows,
     out_t* __restrict__ out, const int* __restrict__ tile_expert, const int* __restrict__ tile_start,

@@ -29,8 +29,13 @@ CHUNK_QUADS = block_gemm.CHUNK_BLOCKS // 4  # docs/design.md §2.6's chunk, in q
 # gemv tiles: (activation rows per CTA, quads whose loads a warp issues together, warps per CTA at most, column
 # groups per CTA), by rows per CTA and, within them, in order of preference. Launch parameters only (every
 # choice gives the same bits), from benchmarks/gemm_backends_gpu.py --sweep (h200_gemm_sweep.json; the 32-row
-# tiles of several column groups from h100_gemv_column_groups_sweep.json).
-GEMV_TILES = ((8, 4, 8, 1), (16, 2, 8, 1), (32, 1, 8, 4), (32, 1, 8, 2), (32, 2, 4, 1))
+# tiles of several column groups from h100_gemv_column_groups_sweep.json; the 16-warp tiles, one chunk of K
+# per warp up to K = 8192, from h100_gemv_warps16_sweep.json).
+GEMV_TILES = (
+    (8, 2, 16, 2), (8, 4, 8, 1),
+    (16, 2, 8, 2), (16, 2, 8, 1),
+    (32, 1, 8, 4), (32, 1, 8, 2), (32, 2, 4, 1),
+)  # fmt: skip
 # A tile of several column groups serves only weights that still give this many CTAs per row tile: four
 # per CTA made 8192 x 7168 (512 groups, 128 CTAs) 1.23x faster at 32 rows and 1.32x at 64, but a 1536 x 2048
 # weight (96 groups, 24 CTAs) 1.45x slower, leaving SMs idle (H100, the sweep above).

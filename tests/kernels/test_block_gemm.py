@@ -101,7 +101,7 @@ def test_every_kernel_gives_the_reference_bits_on_cuda(out_dtype, m, n, k):
 
 # gemv tiles with several column groups per CTA, over weights whose column groups do not fill the last CTA
 # (K = 3072 makes (32, 1, 8, 4)'s chunk sums exactly the 48 KB a CTA gets without opting in)
-COLUMN_GROUP_TILES = [(8, 4, 8, 2), (16, 2, 8, 4), (32, 1, 4, 4), (32, 1, 8, 4), (32, 2, 8, 2), (32, 4, 4, 4)]
+COLUMN_GROUP_TILES = sorted({tile for tile in fragment_gemm.GEMV_TILES if tile[3] > 1} | {(16, 2, 8, 4), (32, 4, 4, 4)})
 HOPPER_SHARED = 232448  # bytes a CTA may opt in to on sm_90
 
 
@@ -112,8 +112,10 @@ def test_gemv_takes_several_column_groups_only_where_the_weight_keeps_enough_cta
     assert fragment_gemm.gemv_tile(32, 256, 7168, HOPPER_SHARED) == (32, 1, 8, 2)  # 4096 rows
     assert fragment_gemm.gemv_tile(20, 96, 2048, HOPPER_SHARED) == (32, 2, 4, 1)  # 1536 rows
     assert fragment_gemm.gemv_tile(64, 4096, 7168, HOPPER_SHARED) == (32, 1, 8, 4)
-    assert fragment_gemm.gemv_tile(8, 4096, 7168, HOPPER_SHARED) == (8, 4, 8, 1)
-    assert fragment_gemm.gemv_tile(9, 4096, 7168, HOPPER_SHARED) == (16, 2, 8, 1)
+    assert fragment_gemm.gemv_tile(8, 4096, 7168, HOPPER_SHARED) == (8, 2, 16, 2)
+    assert fragment_gemm.gemv_tile(8, 254, 7168, HOPPER_SHARED) == (8, 4, 8, 1)  # 127 CTAs of two
+    assert fragment_gemm.gemv_tile(9, 4096, 7168, HOPPER_SHARED) == (16, 2, 8, 2)
+    assert fragment_gemm.gemv_tile(16, 96, 2048, HOPPER_SHARED) == (16, 2, 8, 1)
 
 
 def test_gemv_gives_up_column_groups_before_k_and_then_the_product():
