@@ -36,10 +36,11 @@ GEMV_TILES = (
     (16, 2, 8, 2), (16, 2, 8, 1),
     (32, 1, 8, 4), (32, 1, 8, 2), (32, 2, 4, 1),
 )  # fmt: skip
-# A tile of several column groups serves only weights that still give this many CTAs per row tile: four
-# per CTA made 8192 x 7168 (512 groups, 128 CTAs) 1.23x faster at 32 rows and 1.32x at 64, but a 1536 x 2048
-# weight (96 groups, 24 CTAs) 1.45x slower, leaving SMs idle (H100, the sweep above).
-MIN_COLUMN_GROUP_CTAS = 128
+# A tile of several column groups serves only weights of at least this many column groups (N >= 8192). On
+# 8192 x 7168 (512 groups) four per CTA made 32 rows 1.23x faster and two made 8 rows 1.26x faster; on
+# 4096 x 4096 (256 groups) two lost at 16 and 32 rows (20.3 against 16.8 us at 32) and tied at 1 and 8,
+# and on 1536 x 2048 (96 groups) they left SMs idle (H100, h100_gemv_warps16_sweep.json and the sweeps above).
+MIN_SHARED_GROUPS = 512
 GEMM_ROWS = 64  # activation rows per CTA of gemm: 8 n8 tiles per warp
 GEMM_WARPS = 8  # column groups (warps) per CTA of gemm
 
@@ -69,13 +70,13 @@ def _rows_per_cta(rows: float) -> int:
 
 def gemv_tile(rows: float, groups: int, k: int, shared_bytes: int) -> tuple[int, int, int, int] | None:
     """gemv's tile for ``rows`` activation rows per weight matrix of ``groups`` column groups (N / 16) and
-    ``k``: the first :data:`GEMV_TILES` entry of ``rows``' rows per CTA that takes one column group or leaves
-    the weight :data:`MIN_COLUMN_GROUP_CTAS` CTAs, and whose chunk sums fit ``shared_bytes``
+    ``k``: the first :data:`GEMV_TILES` entry of ``rows``' rows per CTA that takes one column group or serves
+    a weight of :data:`MIN_SHARED_GROUPS` groups or more, and whose chunk sums fit ``shared_bytes``
     (:func:`shared_limit`); None where none does (then gemm serves)."""
     size = _rows_per_cta(rows)
     for tile in GEMV_TILES:
-        enough_ctas = tile[3] == 1 or -(-groups // tile[3]) >= MIN_COLUMN_GROUP_CTAS
-        if tile[0] == size and enough_ctas and _gemv_shared_bytes(tile, k) <= shared_bytes:
+        wide_enough = tile[3] == 1 or groups >= MIN_SHARED_GROUPS
+        if tile[0] == size and wide_enough and _gemv_shared_bytes(tile, k) <= shared_bytes:
             return tile
     return None
 

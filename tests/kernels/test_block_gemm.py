@@ -105,17 +105,18 @@ COLUMN_GROUP_TILES = sorted({tile for tile in fragment_gemm.GEMV_TILES if tile[3
 HOPPER_SHARED = 232448  # bytes a CTA may opt in to on sm_90
 
 
-def test_gemv_takes_several_column_groups_only_where_the_weight_keeps_enough_ctas():
+def test_gemv_takes_several_column_groups_only_for_weights_of_at_least_8192_rows():
     assert fragment_gemm.gemv_tile(32, 512, 7168, HOPPER_SHARED) == (32, 1, 8, 4)  # 8192 rows: 128 CTAs
-    assert fragment_gemm.gemv_tile(32, 509, 7168, HOPPER_SHARED) == (32, 1, 8, 4)  # the last CTA part empty
-    assert fragment_gemm.gemv_tile(32, 508, 7168, HOPPER_SHARED) == (32, 1, 8, 2)  # 127 CTAs of four
-    assert fragment_gemm.gemv_tile(32, 256, 7168, HOPPER_SHARED) == (32, 1, 8, 2)  # 4096 rows
+    assert fragment_gemm.gemv_tile(32, 9496, 7168, HOPPER_SHARED) == (32, 1, 8, 4)
+    assert fragment_gemm.gemv_tile(32, 511, 7168, HOPPER_SHARED) == (32, 2, 4, 1)
+    assert fragment_gemm.gemv_tile(32, 256, 7168, HOPPER_SHARED) == (32, 2, 4, 1)  # 4096 rows
     assert fragment_gemm.gemv_tile(20, 96, 2048, HOPPER_SHARED) == (32, 2, 4, 1)  # 1536 rows
     assert fragment_gemm.gemv_tile(64, 4096, 7168, HOPPER_SHARED) == (32, 1, 8, 4)
     assert fragment_gemm.gemv_tile(8, 4096, 7168, HOPPER_SHARED) == (8, 2, 16, 2)
-    assert fragment_gemm.gemv_tile(8, 254, 7168, HOPPER_SHARED) == (8, 4, 8, 1)  # 127 CTAs of two
+    assert fragment_gemm.gemv_tile(1, 512, 7168, HOPPER_SHARED) == (8, 2, 16, 2)
+    assert fragment_gemm.gemv_tile(8, 256, 4096, HOPPER_SHARED) == (8, 4, 8, 1)
     assert fragment_gemm.gemv_tile(9, 4096, 7168, HOPPER_SHARED) == (16, 2, 8, 2)
-    assert fragment_gemm.gemv_tile(16, 96, 2048, HOPPER_SHARED) == (16, 2, 8, 1)
+    assert fragment_gemm.gemv_tile(16, 256, 4096, HOPPER_SHARED) == (16, 2, 8, 1)
 
 
 def test_gemv_gives_up_column_groups_before_k_and_then_the_product():
