@@ -108,9 +108,9 @@ HOPPER_SHARED = 232448  # bytes a CTA may opt in to on sm_90
 def test_gemv_takes_several_column_groups_only_for_weights_of_at_least_8192_rows():
     assert fragment_gemm.gemv_tile(32, 512, 7168, HOPPER_SHARED) == (32, 1, 8, 4)  # 8192 rows: 128 CTAs
     assert fragment_gemm.gemv_tile(32, 9496, 7168, HOPPER_SHARED) == (32, 1, 8, 4)
-    assert fragment_gemm.gemv_tile(32, 511, 7168, HOPPER_SHARED) == (32, 2, 4, 1)
-    assert fragment_gemm.gemv_tile(32, 256, 7168, HOPPER_SHARED) == (32, 2, 4, 1)  # 4096 rows
-    assert fragment_gemm.gemv_tile(20, 96, 2048, HOPPER_SHARED) == (32, 2, 4, 1)  # 1536 rows
+    assert fragment_gemm.gemv_tile(32, 511, 7168, HOPPER_SHARED) == (32, 2, 8, 1)
+    assert fragment_gemm.gemv_tile(32, 256, 7168, HOPPER_SHARED) == (32, 2, 8, 1)  # 4096 rows
+    assert fragment_gemm.gemv_tile(20, 96, 2048, HOPPER_SHARED) == (32, 2, 8, 1)  # 1536 rows
     assert fragment_gemm.gemv_tile(64, 4096, 7168, HOPPER_SHARED) == (32, 1, 8, 4)
     assert fragment_gemm.gemv_tile(8, 4096, 7168, HOPPER_SHARED) == (8, 2, 16, 2)
     assert fragment_gemm.gemv_tile(1, 512, 7168, HOPPER_SHARED) == (8, 2, 16, 2)
@@ -125,7 +125,7 @@ def test_gemv_gives_up_column_groups_before_k_and_then_the_product():
     assert fragment_gemm.gemv_tile(32, 512, 14336 + 512, HOPPER_SHARED)[3] == 2
     assert fragment_gemm.gemv_tile(32, 512, 113 * 512, HOPPER_SHARED)[3] == 1  # 113 chunks x 2 KB
     assert fragment_gemm.gemv_tile(32, 512, 114 * 512, HOPPER_SHARED) is None
-    assert fragment_gemm.gemv_tile(32, 512, 12288, 48 * 1024) == (32, 2, 4, 1)  # without opting in: 12 K
+    assert fragment_gemm.gemv_tile(32, 512, 12288, 48 * 1024) == (32, 2, 8, 1)  # without opting in: 12 K
 
 
 def test_grouped_row_tiles_are_built_for_the_rows_of_the_tile_gemv_takes():
