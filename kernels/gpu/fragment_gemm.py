@@ -28,20 +28,21 @@ SOURCE = pathlib.Path(__file__).with_name("fragment_gemm.cu")
 CHUNK_QUADS = block_gemm.CHUNK_BLOCKS // 4  # docs/design.md §2.6's chunk, in quads of 4 blocks
 # gemv tiles: (activation rows per CTA, quads whose loads a warp issues together, warps per CTA at most, column
 # groups per CTA), by rows per CTA and, within them, in order of preference. Launch parameters only (every
-# choice gives the same bits), from benchmarks/gemm_backends_gpu.py --sweep (h200_gemm_sweep.json; the 32-row
-# tiles of several column groups from h100_gemv_column_groups_sweep.json; the 16-warp tiles, one chunk of K
-# per warp up to K = 8192, and the one-group 32-row tile of 8 warps, from h100_gemv_warps16_sweep.json: at
-# K <= 2048 it launches as the 4-warp tile it replaces, at K = 4096 it took 4096 x 4096 from 20.6 to 16.8 us).
+# choice gives the same bits), from benchmarks/gemm_backends_gpu.py --sweep: h200_gemm_sweep.json, then on the
+# H100 h100_gemv_column_groups_sweep.json (four column groups at 32 rows), h100_gemv_warps16_sweep.json
+# (--warps 8 16: two groups over 16 warps at 8 rows, one chunk of K per warp up to K = 8192) and
+# h100_gemv_warps4_8_sweep.json (--warps 4 8: the one-group 32-row tile takes 8 warps, which at K <= 2048
+# launches as the 4-warp tile it replaced; two groups at 32 rows never won).
 GEMV_TILES = (
     (8, 2, 16, 2), (8, 4, 8, 1),
     (16, 2, 8, 2), (16, 2, 8, 1),
-    (32, 1, 8, 4), (32, 1, 8, 2), (32, 2, 8, 1),
+    (32, 1, 8, 4), (32, 2, 8, 1),
 )  # fmt: skip
-# A tile of several column groups serves only weights of at least this many column groups (N >= 8192). On
-# 8192 x 7168 (512 groups) four per CTA made 32 rows 1.23x faster and two made 8 rows 1.26x faster; on
-# 4096 x 4096 (256 groups) two lost at 16 and 32 rows (20.3 against 16.8 us at 32) and tied at 1 and 8,
-# and on 1536 x 2048 (96 groups) they left SMs idle (H100, h100_gemv_warps16_sweep.json and the sweeps above).
-MIN_SHARED_GROUPS = 512
+# A tile of several column groups serves only products that still launch this many CTAs (row tiles × column
+# CTAs). H100, same sweep, 32 rows per CTA: 8192 x 7168 at M = 32 (four groups: 128 CTAs) 35.7 us against
+# 47.8 with one group; 4096 x 4096 at M = 64 (128 CTAs) 21.5 against 30.7, but at M = 32 (64 CTAs) 21.1
+# against 16.9; 1536 x 2048 always one group. A grouped product counts the row tiles of one expert's mean rows.
+MIN_COLUMN_GROUP_CTAS = 128
 GEMM_ROWS = 64  # activation rows per CTA of gemm: 8 n8 tiles per warp
 GEMM_WARPS = 8  # column groups (warps) per CTA of gemm
 
@@ -71,13 +72,14 @@ def _rows_per_cta(rows: float) -> int:
 
 def gemv_tile(rows: float, groups: int, k: int, shared_bytes: int) -> tuple[int, int, int, int] | None:
     """gemv's tile for ``rows`` activation rows per weight matrix of ``groups`` column groups (N / 16) and
-    ``k``: the first :data:`GEMV_TILES` entry of ``rows``' rows per CTA that takes one column group or serves
-    a weight of :data:`MIN_SHARED_GROUPS` groups or more, and whose chunk sums fit ``shared_bytes``
+    ``k``: the first :data:`GEMV_TILES` entry of ``rows``' rows per CTA that takes one column group or still
+    launches :data:`MIN_COLUMN_GROUP_CTAS` CTAs, and whose chunk sums fit ``shared_bytes``
     (:func:`shared_limit`); None where none does (then gemm serves)."""
     size = _rows_per_cta(rows)
     for tile in GEMV_TILES:
-        wide_enough = tile[3] == 1 or groups >= MIN_SHARED_GROUPS
-        if tile[0] == size and wide_enough and _gemv_shared_bytes(tile, k) <= shared_bytes:
+        ctas = -(-rows // size) * -(-groups // tile[3])
+        enough_ctas = tile[3] == 1 or ctas >= MIN_COLUMN_GROUP_CTAS
+        if tile[0] == size and enough_ctas and _gemv_shared_bytes(tile, k) <= shared_bytes:
             return tile
     return None
 

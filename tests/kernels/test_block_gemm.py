@@ -105,24 +105,28 @@ COLUMN_GROUP_TILES = sorted({tile for tile in fragment_gemm.GEMV_TILES if tile[3
 HOPPER_SHARED = 232448  # bytes a CTA may opt in to on sm_90
 
 
-def test_gemv_takes_several_column_groups_only_for_weights_of_at_least_8192_rows():
+def test_gemv_takes_several_column_groups_only_where_the_product_keeps_enough_ctas():
+    # CTAs = row tiles x column CTAs, at least MIN_COLUMN_GROUP_CTAS = 128 for a tile of several groups
     assert fragment_gemm.gemv_tile(32, 512, 7168, HOPPER_SHARED) == (32, 1, 8, 4)  # 8192 rows: 128 CTAs
-    assert fragment_gemm.gemv_tile(32, 9496, 7168, HOPPER_SHARED) == (32, 1, 8, 4)
-    assert fragment_gemm.gemv_tile(32, 511, 7168, HOPPER_SHARED) == (32, 2, 8, 1)
-    assert fragment_gemm.gemv_tile(32, 256, 7168, HOPPER_SHARED) == (32, 2, 8, 1)  # 4096 rows
-    assert fragment_gemm.gemv_tile(20, 96, 2048, HOPPER_SHARED) == (32, 2, 8, 1)  # 1536 rows
-    assert fragment_gemm.gemv_tile(64, 4096, 7168, HOPPER_SHARED) == (32, 1, 8, 4)
-    assert fragment_gemm.gemv_tile(8, 4096, 7168, HOPPER_SHARED) == (8, 2, 16, 2)
+    assert fragment_gemm.gemv_tile(32, 509, 7168, HOPPER_SHARED) == (32, 1, 8, 4)  # the last CTA part empty
+    assert fragment_gemm.gemv_tile(32, 508, 7168, HOPPER_SHARED) == (32, 2, 8, 1)  # 127 CTAs of four
+    assert fragment_gemm.gemv_tile(32, 256, 4096, HOPPER_SHARED) == (32, 2, 8, 1)  # 4096 rows, one row tile
+    assert fragment_gemm.gemv_tile(64, 256, 4096, HOPPER_SHARED) == (32, 1, 8, 4)  # two row tiles: 128 CTAs
+    assert fragment_gemm.gemv_tile(33, 252, 4096, HOPPER_SHARED) == (32, 2, 8, 1)  # 2 x 63 CTAs
+    assert fragment_gemm.gemv_tile(64, 96, 2048, HOPPER_SHARED) == (32, 2, 8, 1)  # 1536 rows
+    assert fragment_gemm.gemv_tile(20, 96, 2048, HOPPER_SHARED) == (32, 2, 8, 1)
     assert fragment_gemm.gemv_tile(1, 512, 7168, HOPPER_SHARED) == (8, 2, 16, 2)
-    assert fragment_gemm.gemv_tile(8, 256, 4096, HOPPER_SHARED) == (8, 4, 8, 1)
+    assert fragment_gemm.gemv_tile(8, 256, 4096, HOPPER_SHARED) == (8, 2, 16, 2)
+    assert fragment_gemm.gemv_tile(8, 254, 4096, HOPPER_SHARED) == (8, 4, 8, 1)  # 127 CTAs of two
     assert fragment_gemm.gemv_tile(9, 4096, 7168, HOPPER_SHARED) == (16, 2, 8, 2)
-    assert fragment_gemm.gemv_tile(16, 256, 4096, HOPPER_SHARED) == (16, 2, 8, 1)
+    assert fragment_gemm.gemv_tile(16, 96, 2048, HOPPER_SHARED) == (16, 2, 8, 1)
+    assert fragment_gemm.gemv_tile(4.5, 128, 2048, HOPPER_SHARED) == (8, 4, 8, 1)  # an expert's mean rows
 
 
 def test_gemv_gives_up_column_groups_before_k_and_then_the_product():
     # K = 14336: 28 chunks x 32 rows x 64 columns x 4 bytes = 229376 fits with four groups
     assert fragment_gemm.gemv_tile(32, 512, 14336, HOPPER_SHARED)[3] == 4
-    assert fragment_gemm.gemv_tile(32, 512, 14336 + 512, HOPPER_SHARED)[3] == 2
+    assert fragment_gemm.gemv_tile(32, 512, 14336 + 512, HOPPER_SHARED)[3] == 1
     assert fragment_gemm.gemv_tile(32, 512, 113 * 512, HOPPER_SHARED)[3] == 1  # 113 chunks x 2 KB
     assert fragment_gemm.gemv_tile(32, 512, 114 * 512, HOPPER_SHARED) is None
     assert fragment_gemm.gemv_tile(32, 512, 12288, 48 * 1024) == (32, 2, 8, 1)  # without opting in: 12 K
