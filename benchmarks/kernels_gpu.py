@@ -250,7 +250,10 @@ def main() -> None:
     torch.manual_seed(0)
     copy_bw = copy_bandwidth()
     print(f"device copy bandwidth {copy_bw / 1e12:.2f} TB/s", flush=True)
-    result = {"machine": describe(), "copy_bandwidth_Bps": copy_bw, "command": "python -m benchmarks.kernels_gpu"}
+    command = "python -m benchmarks.kernels_gpu"
+    if args.skip:
+        command += " --skip " + " ".join(args.skip)
+    result = {"machine": describe(), "copy_bandwidth_Bps": copy_bw, "command": command}
     if "quantize" not in args.skip:
         result["quantize"] = bench_quantize(copy_bw)
         q = result["quantize"]
