@@ -36,8 +36,8 @@
 // per CTA), WARPS, TILE_ROWS (gemm's
 // activation rows per CTA), CHUNK_QUADS (the chunk of docs/design.md §2.6 in quads), GROUPED (rows sorted by
 // expert, tiles from device-side metadata), GATHER (activation row per output row), OUT_BF16 (bf16
-// output, else float32), MAX_THREADS (the gemv CTA size its registers are planned for; gemm plans for its
-// WARPS warps, so a gemv tile never changes gemm's code).
+// output, else float32), MAX_THREADS (the CTA size gemv's registers are planned for: its tile's warps, at
+// least gemm's; gemm plans for its own WARPS warps, so a gemv tile never changes gemm's code).
 
 typedef unsigned int u32;
 typedef unsigned short u16;

@@ -41,7 +41,8 @@ GEMV_TILES = (
 # A tile of several column groups serves only products that still launch this many CTAs (row tiles × column
 # CTAs). H100, same sweep, 32 rows per CTA: 8192 x 7168 at M = 32 (four groups: 128 CTAs) 35.7 us against
 # 47.8 with one group; 4096 x 4096 at M = 64 (128 CTAs) 21.5 against 30.7, but at M = 32 (64 CTAs) 21.1
-# against 16.9; 1536 x 2048 always one group. A grouped product counts the row tiles of one expert's mean rows.
+# against 16.9; 1536 x 2048 always one group. Grouped products keep one group per CTA: their CTA count is set
+# on the device by the routing, and several groups were never swept for them.
 MIN_COLUMN_GROUP_CTAS = 128
 GEMM_ROWS = 64  # activation rows per CTA of gemm: 8 n8 tiles per warp
 GEMM_WARPS = 8  # column groups (warps) per CTA of gemm
@@ -70,15 +71,18 @@ def _rows_per_cta(rows: float) -> int:
     return next((size for size in sizes if rows <= size), sizes[-1])
 
 
-def gemv_tile(rows: float, groups: int, k: int, shared_bytes: int) -> tuple[int, int, int, int] | None:
+def gemv_tile(
+    rows: float, groups: int, k: int, shared_bytes: int, grouped: bool = False
+) -> tuple[int, int, int, int] | None:
     """gemv's tile for ``rows`` activation rows per weight matrix of ``groups`` column groups (N / 16) and
-    ``k``: the first :data:`GEMV_TILES` entry of ``rows``' rows per CTA that takes one column group or still
-    launches :data:`MIN_COLUMN_GROUP_CTAS` CTAs, and whose chunk sums fit ``shared_bytes``
-    (:func:`shared_limit`); None where none does (then gemm serves)."""
+    ``k``: the first :data:`GEMV_TILES` entry of ``rows``' rows per CTA that takes one column group or, for a
+    dense product (not ``grouped``) of at least as many groups, still launches :data:`MIN_COLUMN_GROUP_CTAS`
+    CTAs (row tiles × column CTAs), and whose chunk sums fit ``shared_bytes`` (:func:`shared_limit`); None
+    where none does (then gemm serves)."""
     size = _rows_per_cta(rows)
     for tile in GEMV_TILES:
         ctas = -(-rows // size) * -(-groups // tile[3])
-        enough_ctas = tile[3] == 1 or ctas >= MIN_COLUMN_GROUP_CTAS
+        enough_ctas = tile[3] == 1 or (not grouped and groups >= tile[3] and ctas >= MIN_COLUMN_GROUP_CTAS)
         if tile[0] == size and enough_ctas and _gemv_shared_bytes(tile, k) <= shared_bytes:
             return tile
     return None
@@ -189,7 +193,7 @@ def launch(
     device_index = _index(x.device)
     groups, quads = fragments.words.shape[1:3]
     if gemv:
-        tile = tile or gemv_tile(rows_per_matrix, groups, fragments.k, shared_limit(x.device))
+        tile = tile or gemv_tile(rows_per_matrix, groups, fragments.k, shared_limit(x.device), tiles is not None)
         if tile is None or not tile_fits(tile, fragments.k, x.device):
             raise ValueError(f"fragment gemv: K = {fragments.k} needs more shared memory than a CTA has; use gemm")
     else:

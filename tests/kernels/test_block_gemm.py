@@ -112,6 +112,7 @@ def test_gemv_takes_several_column_groups_only_where_the_product_keeps_enough_ct
     assert fragment_gemm.gemv_tile(32, 508, 7168, HOPPER_SHARED) == (32, 2, 8, 1)  # 127 CTAs of four
     assert fragment_gemm.gemv_tile(32, 256, 4096, HOPPER_SHARED) == (32, 2, 8, 1)  # 4096 rows, one row tile
     assert fragment_gemm.gemv_tile(64, 256, 4096, HOPPER_SHARED) == (32, 1, 8, 4)  # two row tiles: 128 CTAs
+    assert fragment_gemm.gemv_tile(33, 256, 4096, HOPPER_SHARED) == (32, 1, 8, 4)  # row tiles round up
     assert fragment_gemm.gemv_tile(33, 252, 4096, HOPPER_SHARED) == (32, 2, 8, 1)  # 2 x 63 CTAs
     assert fragment_gemm.gemv_tile(64, 96, 2048, HOPPER_SHARED) == (32, 2, 8, 1)  # 1536 rows
     assert fragment_gemm.gemv_tile(20, 96, 2048, HOPPER_SHARED) == (32, 2, 8, 1)
@@ -120,7 +121,13 @@ def test_gemv_takes_several_column_groups_only_where_the_product_keeps_enough_ct
     assert fragment_gemm.gemv_tile(8, 254, 4096, HOPPER_SHARED) == (8, 4, 8, 1)  # 127 CTAs of two
     assert fragment_gemm.gemv_tile(9, 4096, 7168, HOPPER_SHARED) == (16, 2, 8, 2)
     assert fragment_gemm.gemv_tile(16, 96, 2048, HOPPER_SHARED) == (16, 2, 8, 1)
-    assert fragment_gemm.gemv_tile(4.5, 128, 2048, HOPPER_SHARED) == (8, 4, 8, 1)  # an expert's mean rows
+    assert fragment_gemm.gemv_tile(0.5, 256, 4096, HOPPER_SHARED) == (8, 2, 16, 2)
+    assert fragment_gemm.gemv_tile(4097, 2, 4096, HOPPER_SHARED) == (32, 2, 8, 1)  # never more groups than N has
+
+
+def test_grouped_products_keep_one_column_group_per_cta():
+    for rows, groups in ((0.5, 512), (4.5, 4096), (12, 256), (30, 9496)):
+        assert fragment_gemm.gemv_tile(rows, groups, 4096, HOPPER_SHARED, grouped=True)[3] == 1, (rows, groups)
 
 
 def test_gemv_gives_up_column_groups_before_k_and_then_the_product():
@@ -135,7 +142,7 @@ def test_gemv_gives_up_column_groups_before_k_and_then_the_product():
 def test_grouped_row_tiles_are_built_for_the_rows_of_the_tile_gemv_takes():
     for rows in (1, 8, 9, 16, 17, 32, 96, 500):
         for groups in (1, 96, 256, 512, 9496):
-            tile = fragment_gemm.gemv_tile(rows, groups, 7168, HOPPER_SHARED)
+            tile = fragment_gemm.gemv_tile(rows, groups, 7168, HOPPER_SHARED, grouped=True)
             assert tile[0] == fragment_gemm.rows_per_cta(rows, gemv=True), (rows, groups, tile)
 
 
@@ -146,7 +153,9 @@ def test_every_row_count_of_the_gemv_tiles_ends_with_a_one_group_tile():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tile", COLUMN_GROUP_TILES)
-@pytest.mark.parametrize("m,n,k", [(1, 200, 528), (9, 136, 2112), (31, 48, 96), (33, 1040, 7168), (20, 72, 3072)])
+@pytest.mark.parametrize(
+    "m,n,k", [(1, 200, 528), (9, 136, 2112), (31, 48, 96), (33, 1040, 7168), (20, 72, 3072), (8, 48, 8192)]
+)
 def test_gemv_tiles_of_several_column_groups_give_the_reference_bits(tile, m, n, k):
     qx, qw = _operands(m, n, k, seed=n + m)
     prepared = gemm.with_fragments(qw)
