@@ -80,10 +80,13 @@ def gemv_tile(
     CTAs (row tiles × column CTAs), and whose chunk sums fit ``shared_bytes`` (:func:`shared_limit`); None
     where none does (then gemm serves)."""
     size = _rows_per_cta(rows)
+    row_tiles = -(-rows // size)
     for tile in GEMV_TILES:
-        ctas = -(-rows // size) * -(-groups // tile[3])
-        enough_ctas = tile[3] == 1 or (not grouped and groups >= tile[3] and ctas >= MIN_COLUMN_GROUP_CTAS)
-        if tile[0] == size and enough_ctas and _gemv_shared_bytes(tile, k) <= shared_bytes:
+        if tile[0] != size or _gemv_shared_bytes(tile, k) > shared_bytes:
+            continue
+        column_groups = tile[3]
+        ctas = row_tiles * -(-groups // column_groups)
+        if column_groups == 1 or (not grouped and groups >= column_groups and ctas >= MIN_COLUMN_GROUP_CTAS):
             return tile
     return None
 
@@ -193,7 +196,9 @@ def launch(
     device_index = _index(x.device)
     groups, quads = fragments.words.shape[1:3]
     if gemv:
-        tile = tile or gemv_tile(rows_per_matrix, groups, fragments.k, shared_limit(x.device), tiles is not None)
+        tile = tile or gemv_tile(
+            rows_per_matrix, groups, fragments.k, shared_limit(x.device), grouped=tiles is not None
+        )
         if tile is None or not tile_fits(tile, fragments.k, x.device):
             raise ValueError(f"fragment gemv: K = {fragments.k} needs more shared memory than a CTA has; use gemm")
     else:
