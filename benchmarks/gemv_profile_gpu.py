@@ -1,0 +1,46 @@
+"""A driver for Nsight Compute: the fragment gemv once per row count inside an NVTX range ``prof`` (after a
+warm-up outside it), so ``ncu --nvtx --nvtx-include prof/`` profiles exactly those launches. Times nothing
+itself; the counters are ncu's. Run on the GPU machine, e.g.:
+
+    ncu --clock-control none --nvtx --nvtx-include prof/ --section SpeedOfLight --section WarpStateStats \
+        python -m benchmarks.gemv_profile_gpu --shape 8192 7168 --rows 1 8 32
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from benchmarks.gemm_backends_gpu import packed_activations
+from nibble.kernels import gemm, nvfp4
+from nibble.kernels.gpu import gemm as gpu_gemm
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", nargs=2, type=int, default=[8192, 7168], metavar=("N", "K"))
+    parser.add_argument("--rows", nargs="+", type=int, default=[1, 8, 32], help="activation rows M, one launch each")
+    parser.add_argument("--tile", nargs=4, type=int, default=None, help="a gemv tile instead of the default")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks/gemv_profile_gpu.py needs a CUDA GPU")
+    torch.manual_seed(0)
+    n, k = args.shape
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+    qw = gemm.with_fragments(nvfp4.quantize(w, scale="per_tensor", four_over_six="mse", validate=False))
+    tile = tuple(args.tile) if args.tile else None
+    inputs = [packed_activations(m, k) for m in args.rows]
+    for qx in inputs:  # compile and warm up outside the profiled range
+        gpu_gemm.fragment_matmul(qx, qw, torch.bfloat16, gemv=True, tile=tile)
+    torch.cuda.synchronize()
+    for m, qx in zip(args.rows, inputs):
+        torch.cuda.nvtx.range_push("prof")
+        gpu_gemm.fragment_matmul(qx, qw, torch.bfloat16, gemv=True, tile=tile)
+        torch.cuda.nvtx.range_pop()
+        torch.cuda.synchronize()
+        print(f"profiled gemv {n}x{k} M={m} tile={tile or 'default'}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
