@@ -34,7 +34,7 @@ def main() -> None:
     for qx in inputs:  # compile and warm up outside the profiled range
         gpu_gemm.fragment_matmul(qx, qw, torch.bfloat16, gemv=True, tile=tile)
     torch.cuda.synchronize()
-    for m, qx in zip(args.rows, inputs):
+    for m, qx in zip(args.rows, inputs, strict=True):
         torch.cuda.nvtx.range_push("prof")
         gpu_gemm.fragment_matmul(qx, qw, torch.bfloat16, gemv=True, tile=tile)
         torch.cuda.nvtx.range_pop()
