@@ -43,13 +43,14 @@ def sweep_tiles(warps: tuple[int, ...]) -> tuple[tuple[int, int, int, int], ...]
     )
 
 
-def packed_weights(n: int, k: int) -> list[NVFP4Tensor]:
-    """Copies of one quantised weight in the sampler's form (codes, scales and fragments), > 256 MB in all."""
+def packed_weights(n: int, k: int, copies: int | None = None) -> list[NVFP4Tensor]:
+    """``copies`` copies (by default > 256 MB in all) of one quantised weight in the sampler's form (codes, scales
+    and fragments)."""
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
     qw = nvfp4.quantize(w, scale="per_tensor", four_over_six="mse", validate=False)
     return [
         gemm.with_fragments(NVFP4Tensor(qw.codes.clone(), qw.block_scales.clone(), qw.global_scale, True, qw.shape))
-        for _ in range(copies_for(qw.nbytes))
+        for _ in range(copies or copies_for(qw.nbytes))
     ]
 
 

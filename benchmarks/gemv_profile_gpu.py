@@ -12,8 +12,7 @@ import argparse
 
 import torch
 
-from benchmarks.gemm_backends_gpu import packed_activations
-from nibble.kernels import gemm, nvfp4
+from benchmarks.gemm_backends_gpu import packed_activations, packed_weights
 from nibble.kernels.gpu import gemm as gpu_gemm
 
 
@@ -27,17 +26,15 @@ def main() -> None:
         raise SystemExit("benchmarks/gemv_profile_gpu.py needs a CUDA GPU")
     torch.manual_seed(0)
     n, k = args.shape
-    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
-    qw = gemm.with_fragments(nvfp4.quantize(w, scale="per_tensor", four_over_six="mse", validate=False))
+    (qw,) = packed_weights(n, k, copies=1)
     tile = tuple(args.tile) if args.tile else None
     inputs = [packed_activations(m, k) for m in args.rows]
     for qx in inputs:  # compile and warm up outside the profiled range
         gpu_gemm.fragment_matmul(qx, qw, torch.bfloat16, gemv=True, tile=tile)
     torch.cuda.synchronize()
     for m, qx in zip(args.rows, inputs, strict=True):
-        torch.cuda.nvtx.range_push("prof")
-        gpu_gemm.fragment_matmul(qx, qw, torch.bfloat16, gemv=True, tile=tile)
-        torch.cuda.nvtx.range_pop()
+        with torch.cuda.nvtx.range("prof"):
+            gpu_gemm.fragment_matmul(qx, qw, torch.bfloat16, gemv=True, tile=tile)
         torch.cuda.synchronize()
         print(f"profiled gemv {n}x{k} M={m} tile={tile or 'default'}", flush=True)
 
