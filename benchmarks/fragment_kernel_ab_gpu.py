@@ -103,8 +103,8 @@ def grouped(sources: dict[str, Path]) -> list[dict]:
 
 
 def sweep() -> list[dict]:
-    """The working tree's gemv at every (rows per CTA up to M's default, prefetch, warps, column groups per CTA),
-    8192×7168."""
+    """The working tree's gemv at every (rows per CTA up to M's default, prefetch, warps, column groups per CTA,
+    staged or not), 8192×7168."""
     n, k = DENSE
     qws = packed_weights(n, k)
     out = []
@@ -113,7 +113,9 @@ def sweep() -> list[dict]:
         expected = gpu_gemm.fragment_matmul(qx, qws[0], torch.bfloat16, gemv=False)
         most = fragment_gemm.rows_per_cta(m, gemv=True)
         rows = sorted({tile[0] for tile in fragment_gemm.GEMV_TILES if tile[0] <= most})
-        for tile in itertools.product(rows, (1, 2, 4), (4, 8), (1, 2, 4)):
+        for tile in itertools.product(rows, (1, 2, 4), (4, 8), (1, 2, 4), (0, 1)):
+            if (tile[4] and tile[1] < 2) or not fragment_gemm.tile_fits(tile, k, qx.device):
+                continue
 
             def run(i, qx=qx, tile=tile):
                 return gpu_gemm.fragment_matmul(qx, qws[i], torch.bfloat16, gemv=True, tile=tile)

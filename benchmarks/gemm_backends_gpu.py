@@ -32,14 +32,17 @@ GROUPED_ROWS_PER_EXPERT = (1, 2, 4, 8, 16, 32, 64)
 SWEEP_WARPS = (4, 8)  # warps per CTA the sweep tries unless --warps names others
 
 
-def sweep_tiles(warps: tuple[int, ...]) -> tuple[tuple[int, int, int, int], ...]:
-    """The gemv tiles ``--sweep`` times: rows per CTA × prefetch quads × ``warps`` × column groups per CTA."""
+def sweep_tiles(warps: tuple[int, ...]) -> tuple[tuple[int, int, int, int, int], ...]:
+    """The gemv tiles ``--sweep`` times: rows per CTA × prefetch quads × ``warps`` × column groups per CTA ×
+    staged or not (a staged tile's ring needs two slots at least)."""
     return tuple(
-        (rows, prefetch, w, column_groups)
+        (rows, prefetch, w, column_groups, staged)
         for rows in (8, 16, 32)
         for prefetch in (1, 2, 4)
         for w in warps
         for column_groups in (1, 2, 4)
+        for staged in (0, 1)
+        if not (staged and prefetch < 2)
     )
 
 

@@ -20,7 +20,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", nargs=2, type=int, default=[8192, 7168], metavar=("N", "K"))
     parser.add_argument("--rows", nargs="+", type=int, default=[1, 8, 32], help="activation rows M, one launch each")
-    parser.add_argument("--tile", nargs=4, type=int, default=None, help="a gemv tile instead of the default")
+    parser.add_argument(
+        "--tile",
+        nargs=5,
+        type=int,
+        default=None,
+        help="a gemv tile (rows, prefetch, warps, groups, staged) instead of the default",
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/gemv_profile_gpu.py needs a CUDA GPU")

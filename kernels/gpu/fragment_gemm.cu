@@ -28,13 +28,16 @@
 //   all of K; warp w sums chunks w, w + warps, ... for the CTA's groups and leaves each chunk's sum in shared
 //   memory, which the CTA adds in chunk order. Activations are read straight from global memory (L2), once
 //   per CTA: a warp applies each activation load to its GROUPS column groups, which is what bounds the L2
-//   traffic when every column group would otherwise read all the rows' activations again.
+//   traffic when every column group would otherwise read all the rows' activations again. With STAGE, each
+//   lane instead streams its operands (weight words, block scales, activations) through a ring of PREFETCH
+//   shared-memory slots with cp.async, PREFETCH - 1 quads ahead of the quad being summed: more loads in
+//   flight for no registers, which pays where a product is too small to keep DRAM busy (fragment_gemm.py
+//   says where it is used).
 // - nvfp4_fragment_gemm (many rows): one CTA per (64 activation rows, WARPS column groups); each warp holds
 //   its column group's running chunk and total sums for the 64 rows; a step of 128 elements of K stages
 //   the 64 rows' activations in shared memory, where every warp reads its B operands.
-// Macros: NT, PREFETCH (quads whose weight loads a warp issues together), GROUPS (gemv's column groups
-// per CTA), WARPS, TILE_ROWS (gemm's
-// activation rows per CTA), CHUNK_QUADS (the chunk of docs/design.md §2.6 in quads), GROUPED (rows sorted by
+// Macros: NT, PREFETCH (quads whose weight loads a warp issues together, or with STAGE the ring's slots),
+// GROUPS (gemv's column groups per CTA), STAGE, WARPS, TILE_ROWS (gemm's activation rows per CTA), CHUNK_QUADS (the chunk of docs/design.md §2.6 in quads), GROUPED (rows sorted by
 // expert, tiles from device-side metadata), GATHER (activation row per output row), OUT_BF16 (bf16
 // output, else float32), MAX_THREADS (the CTA size gemv's registers are planned for: its tile's warps, at
 // least gemm's; gemm plans for its own WARPS warps, so a gemv tile never changes gemm's code).
@@ -171,6 +174,62 @@ __device__ __forceinline__ i64 source_row(const i64* x_rows, int r) {
 #define ROWS (NT * 8)
 #define COLS (GROUPS * 16)
 
+// cp.async of 16 or 8 bytes from global to shared memory; `ok` false reads nothing and zero-fills the
+// destination (source size 0), so quads past K and rows past the tile read as zeros there too.
+__device__ __forceinline__ void copy_async16(void* dst, const void* src, bool ok) {
+    const u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+
+__device__ __forceinline__ void copy_async8(void* dst, const void* src, bool ok) {
+    const u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(d), "l"(src), "r"(ok ? 8 : 0) : "memory");
+}
+
+__device__ __forceinline__ void copy_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+template <int PENDING>
+__device__ __forceinline__ void copy_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
+}
+
+__device__ __forceinline__ void zero_sums(float acc[GROUPS][NT][4]) {
+#pragma unroll
+    for (int h = 0; h < GROUPS; ++h)
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[h][t][i] = 0.0f;
+}
+
+// acc += one quad's products for the CTA's column groups: the quad's weight words and block scales per
+// group, and the activations of its four blocks per n8 tile.
+__device__ __forceinline__ void quad_products(float acc[GROUPS][NT][4], const Words wq[GROUPS], const Pair sq[GROUPS],
+                                              const Pair xq[NT][4]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int h = 0; h < GROUPS; ++h) {
+            u32 a[4];
+            float row_low, row_high;
+            decode(wq[h].w[j], a);
+            block_scales(sq[h], j, row_low, row_high);
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                float d[4];
+                mma_zero(d, a, xq[t][j].lo, xq[t][j].hi);
+                add_block(acc[h][t], d, row_low, row_high);
+            }
+        }
+}
+
+// One ring slot: a quad's weight words (16 bytes a lane) and block scales (8) per column group, then its
+// activations (8 bytes a lane) per n8 tile and block, for the warp's 32 lanes; fragment_gemm.py sizes it too.
+#define SLOT_BYTES (GROUPS * 768 + NT * 4 * 256)
+#if STAGE && PREFETCH < 2
+#error "a staged gemv needs a ring of at least two slots (PREFETCH >= 2)"
+#endif
+
 extern "C" __global__ void __launch_bounds__(MAX_THREADS) nvfp4_fragment_gemv(
     const Words* __restrict__ w_words,  // [E, G, Q, 32]
     const Pair* __restrict__ w_scales,  // [E, G, Q, 8]
@@ -181,7 +240,7 @@ extern "C" __global__ void __launch_bounds__(MAX_THREADS) nvfp4_fragment_gemv(
     out_t* __restrict__ out,            // [R, N]
     const int* __restrict__ tile_expert, const int* __restrict__ tile_start, const int* __restrict__ tile_end,
     const int* __restrict__ num_tiles, int rows_total, int n, int k, int groups, int quads) {
-    extern __shared__ float partial[];  // [chunks][ROWS][COLS]
+    extern __shared__ __align__(16) float partial[];  // [chunks][ROWS][COLS], then with STAGE each warp's ring
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int grp = lane >> 2, c = lane & 3;
     int expert, row_start, row_end;
@@ -213,14 +272,62 @@ extern "C" __global__ void __launch_bounds__(MAX_THREADS) nvfp4_fragment_gemv(
         sbase[h] = w_scales + gi * 8 + grp;
     }
 
-    for (int chunk = warp; chunk < chunks; chunk += warps) {
-        float acc[GROUPS][NT][4];
+#if STAGE
+    // The warp's quads in order (chunks warp, warp + warps, ...) through the lane's ring: quad i + PREFETCH - 1's
+    // operands are in flight while quad i is summed. A lane reads back only what it copied itself, so its own
+    // wait_group orders the two: no barrier.
+    char* ring = (char*)(partial + (i64)chunks * ROWS * COLS) + (i64)warp * PREFETCH * SLOT_BYTES;
+    const int owned = (chunks - warp + warps - 1) / warps;  // chunks of this warp
+    const int sequence = owned * CHUNK_QUADS;
+    auto issue = [&](int i) {
+        if (i < sequence) {
+            const int q = (warp + (i / CHUNK_QUADS) * warps) * CHUNK_QUADS + i % CHUNK_QUADS;
+            char* slot = ring + (i % PREFETCH) * SLOT_BYTES;
 #pragma unroll
-        for (int h = 0; h < GROUPS; ++h)
+            for (int h = 0; h < GROUPS; ++h) {
+                const bool ok = gok[h] && q < quads;
+                copy_async16((Words*)slot + h * 32 + lane, wbase[h] + (ok ? (i64)q * 32 : 0), ok);
+                copy_async8((Pair*)(slot + GROUPS * 512) + h * 32 + lane, sbase[h] + (ok ? (i64)q * 8 : 0), ok);
+            }
 #pragma unroll
             for (int t = 0; t < NT; ++t)
 #pragma unroll
-                for (int i = 0; i < 4; ++i) acc[h][t][i] = 0.0f;
+                for (int j = 0; j < 4; ++j) {
+                    const int b = 4 * q + j;
+                    const bool ok = xok[t] && b < blocks;
+                    copy_async8((Pair*)(slot + GROUPS * 768) + (t * 4 + j) * 32 + lane, xrow[t] + (ok ? (i64)b * 16 : 0), ok);
+                }
+        }
+        copy_commit();  // an empty group past the end keeps the count wait_group relies on
+    };
+#pragma unroll
+    for (int i = 0; i < PREFETCH - 1; ++i) issue(i);
+    for (int ci = 0; ci < owned; ++ci) {
+        const int chunk = warp + ci * warps;
+        float acc[GROUPS][NT][4];
+        zero_sums(acc);
+        for (int qi = 0; qi < CHUNK_QUADS; ++qi) {
+            const int i = ci * CHUNK_QUADS + qi;
+            copy_wait<PREFETCH - 2>();  // quad i has landed
+            issue(i + PREFETCH - 1);    // into the slot quad i - 1 left
+            const char* slot = ring + (i % PREFETCH) * SLOT_BYTES;
+            Words wq[GROUPS];
+            Pair sq[GROUPS], xq[NT][4];
+#pragma unroll
+            for (int h = 0; h < GROUPS; ++h) {
+                wq[h] = ((const Words*)slot)[h * 32 + lane];
+                sq[h] = ((const Pair*)(slot + GROUPS * 512))[h * 32 + lane];
+            }
+#pragma unroll
+            for (int t = 0; t < NT; ++t)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) xq[t][j] = ((const Pair*)(slot + GROUPS * 768))[(t * 4 + j) * 32 + lane];
+            quad_products(acc, wq, sq, xq);
+        }
+#else
+    for (int chunk = warp; chunk < chunks; chunk += warps) {
+        float acc[GROUPS][NT][4];
+        zero_sums(acc);
         // Weight loads for PREFETCH quads go out together, predicated rather than branched around; quads
         // past K read as zeros, whose products add +0 to a sum that is never -0.
         for (int qb = chunk * CHUNK_QUADS; qb < (chunk + 1) * CHUNK_QUADS; qb += PREFETCH) {
@@ -249,23 +356,10 @@ extern "C" __global__ void __launch_bounds__(MAX_THREADS) nvfp4_fragment_gemv(
                         xq[t][j] = Pair{0u, 0u};
                         if (xok[t] && b < blocks) xq[t][j] = *(const Pair*)(xrow[t] + (i64)b * 16);
                     }
-#pragma unroll
-                for (int j = 0; j < 4; ++j)
-#pragma unroll
-                    for (int h = 0; h < GROUPS; ++h) {
-                        u32 a[4];
-                        float row_low, row_high;
-                        decode(wq[qi][h].w[j], a);
-                        block_scales(sq[qi][h], j, row_low, row_high);
-#pragma unroll
-                        for (int t = 0; t < NT; ++t) {
-                            float d[4];
-                            mma_zero(d, a, xq[t][j].lo, xq[t][j].hi);
-                            add_block(acc[h][t], d, row_low, row_high);
-                        }
-                    }
+                quad_products(acc, wq[qi], sq[qi], xq);
             }
         }
+#endif
         // D fragment: (weight row grp or grp + 8 of group h, activation rows 2c, 2c + 1)
         float* mine = partial + (i64)chunk * ROWS * COLS;
 #pragma unroll

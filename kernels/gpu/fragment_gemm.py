@@ -27,16 +27,16 @@ from ..reference import block_gemm
 SOURCE = pathlib.Path(__file__).with_name("fragment_gemm.cu")
 CHUNK_QUADS = block_gemm.CHUNK_BLOCKS // 4  # docs/design.md §2.6's chunk, in quads of 4 blocks
 # gemv tiles: (activation rows per CTA, quads whose loads a warp issues together, warps per CTA at most, column
-# groups per CTA), by rows per CTA and, within them, in order of preference. Launch parameters only (every
+# groups per CTA, staged), by rows per CTA and, within them, in order of preference. Launch parameters only (every
 # choice gives the same bits), from benchmarks/gemm_backends_gpu.py --sweep: h200_gemm_sweep.json, then on the
 # H100 h100_gemv_column_groups_sweep.json (four column groups at 32 rows), h100_gemv_warps16_sweep.json
 # (--warps 8 16: two groups over 16 warps at 8 rows, one chunk of K per warp up to K = 8192) and
 # h100_gemv_warps4_8_sweep.json (--warps 4 8: the one-group 32-row tile takes 8 warps, which at K <= 2048
 # launches as the 4-warp tile it replaced; two groups at 32 rows never won).
 GEMV_TILES = (
-    (8, 2, 16, 2), (8, 4, 8, 1),
-    (16, 2, 8, 2), (16, 2, 8, 1),
-    (32, 1, 8, 4), (32, 2, 8, 1),
+    (8, 2, 16, 2, 0), (8, 4, 8, 1, 0),
+    (16, 2, 8, 2, 0), (16, 2, 8, 1, 0),
+    (32, 1, 8, 4, 0), (32, 2, 8, 1, 0),
 )  # fmt: skip
 # A tile of several column groups serves only products that still launch this many CTAs (row tiles × column
 # CTAs). H100, same sweep, 32 rows per CTA: 8192 x 7168 at M = 32 (four groups: 128 CTAs) 35.7 us against
@@ -44,6 +44,16 @@ GEMV_TILES = (
 # against 16.9; 1536 x 2048 always one group. Grouped products keep one group per CTA: their CTA count is set
 # on the device by the routing, and several groups were never swept for them.
 MIN_COLUMN_GROUP_CTAS = 128
+# Staged tiles (the kernel's STAGE form: operands streamed through a cp.async ring of PREFETCH quads), tried
+# before GEMV_TILES for dense products of at most STAGED_MAX_ELEMENTS weight elements. H100,
+# benchmarks/gemv_staged_gpu.py (h100_gemv_staged.json: each beside the direct tile in one run), 1 / 8 / 16 rows:
+# the direct tile takes 1.19-1.35x the staged one's time on 4096 x 2048, 2048 x 4096, 1536 x 2048 and
+# 512 x 2048 (but 1.12x at 16 rows on 2048 x 4096), 1.15 / 1.13 / 1.02x on 4096 x 4096 (2^24 elements); past the
+# limit 0.95 / 0.88 / 0.79x on 6144 x 4096, 0.98 / 0.91 / 0.72x on 8192 x 4096 and 0.78 / 0.78 / 0.73x on
+# 8192 x 7168, whose weight reads keep DRAM busy enough that the ring's extra instructions cost more than its
+# deeper prefetch buys. 32 rows: slower everywhere measured (h100_gemv_staged_ab.log).
+STAGED_GEMV_TILES = ((8, 4, 16, 2, 1), (8, 4, 8, 1, 1), (16, 4, 8, 2, 1), (16, 4, 8, 1, 1))
+STAGED_MAX_ELEMENTS = 1 << 24
 GEMM_ROWS = 64  # activation rows per CTA of gemm: 8 n8 tiles per warp
 GEMM_WARPS = 8  # column groups (warps) per CTA of gemm
 
@@ -72,16 +82,19 @@ def _rows_per_cta(rows: float) -> int:
 
 
 def gemv_tile(
-    rows: float, groups: int, k: int, shared_bytes: int, grouped: bool = False
-) -> tuple[int, int, int, int] | None:
+    rows: float, groups: int, k: int, shared_bytes: int, grouped: bool = False, staged: bool = True
+) -> tuple[int, int, int, int, int] | None:
     """gemv's tile for ``rows`` activation rows per weight matrix of ``groups`` column groups (N / 16) and
-    ``k``: the first :data:`GEMV_TILES` entry of ``rows``' rows per CTA that takes one column group or, for a
-    dense product (not ``grouped``) of at least as many groups, still launches :data:`MIN_COLUMN_GROUP_CTAS`
-    CTAs (row tiles × column CTAs), and whose chunk sums fit ``shared_bytes`` (:func:`shared_limit`); None
-    where none does (then gemm serves)."""
+    ``k``: the first entry of ``rows``' rows per CTA — among :data:`STAGED_GEMV_TILES` then :data:`GEMV_TILES` for a
+    dense product (not ``grouped``) of at most :data:`STAGED_MAX_ELEMENTS` weight elements, else among
+    :data:`GEMV_TILES` — that takes one column group or, for a dense product of at least as many groups, still
+    launches :data:`MIN_COLUMN_GROUP_CTAS` CTAs (row tiles × column CTAs), and whose shared memory fits
+    ``shared_bytes`` (:func:`shared_limit`); None where none does (then gemm serves). ``staged`` False leaves
+    the staged tiles out (benchmarks time both)."""
     size = _rows_per_cta(rows)
     row_tiles = -(-rows // size)
-    for tile in GEMV_TILES:
+    staged = staged and not grouped and groups * 16 * k <= STAGED_MAX_ELEMENTS
+    for tile in (STAGED_GEMV_TILES if staged else ()) + GEMV_TILES:
         if tile[0] != size or _gemv_shared_bytes(tile, k) > shared_bytes:
             continue
         column_groups = tile[3]
@@ -91,11 +104,19 @@ def gemv_tile(
     return None
 
 
-def _gemv_shared_bytes(tile: tuple[int, int, int, int], k: int) -> int:
-    """Shared memory of one gemv CTA, bytes: a float32 sum per chunk of K for its rows × 16 weight rows
-    per column group."""
-    rows, _, _, column_groups = tile
-    return -(-k // (CHUNK_QUADS * 64)) * rows * 16 * column_groups * 4
+def _gemv_warps(tile: tuple[int, int, int, int, int], k: int) -> int:
+    """Warps one gemv CTA launches with: one per chunk of K, at most the tile's."""
+    return min(-(-k // (CHUNK_QUADS * 64)), tile[2])
+
+
+def _gemv_shared_bytes(tile: tuple[int, int, int, int, int], k: int) -> int:
+    """Shared memory of one gemv CTA, bytes: a float32 sum per chunk of K for its rows × 16 weight rows per
+    column group, and for a staged tile each launched warp's ring of ``prefetch`` slots (``SLOT_BYTES`` of
+    fragment_gemm.cu: per lane 24 bytes of weight words and scales per group, 32 of activations per n8 tile)."""
+    rows, prefetch, _, column_groups, staged = tile
+    slot = 32 * (24 * column_groups + 32 * (rows // 8))
+    ring = _gemv_warps(tile, k) * prefetch * slot if staged else 0
+    return -(-k // (CHUNK_QUADS * 64)) * rows * 16 * column_groups * 4 + ring
 
 
 @functools.cache
@@ -112,8 +133,9 @@ def shared_limit(device: torch.device) -> int:
     return _shared_limit(_index(device))
 
 
-def tile_fits(tile: tuple[int, int, int, int], k: int, device: torch.device) -> bool:
-    """Whether gemv's chunk sums for ``tile`` and ``k`` fit a CTA's shared memory on CUDA ``device``."""
+def tile_fits(tile: tuple[int, int, int, int, int], k: int, device: torch.device) -> bool:
+    """Whether gemv's shared memory for ``tile`` and ``k`` (chunk sums, and a staged tile's rings) fits a CTA's
+    on CUDA ``device``."""
     return _gemv_shared_bytes(tile, k) <= shared_limit(device)
 
 
@@ -124,10 +146,12 @@ def gemv_fits(rows_per_matrix: float, k: int, device: torch.device) -> bool:
     return gemv_tile(rows_per_matrix, 1, k, shared_limit(device)) is not None
 
 
-def source(tile: tuple[int, int, int, int], grouped: bool, gather: bool, bf16: bool) -> str:
+def source(tile: tuple[int, int, int, int, int], grouped: bool, gather: bool, bf16: bool) -> str:
     """The CUDA source of both kernels for one gemv tile and one operand form: :data:`SOURCE` after the
     ``#define`` lines of its macros."""
-    rows, prefetch, warps, column_groups = tile
+    rows, prefetch, warps, column_groups, staged = tile
+    if staged and prefetch < 2:
+        raise ValueError(f"gemv tile {tile}: a staged tile needs a ring of at least two slots (prefetch >= 2)")
     defines = {
         "NT": rows // 8,
         "PREFETCH": prefetch,
@@ -139,12 +163,13 @@ def source(tile: tuple[int, int, int, int], grouped: bool, gather: bool, bf16: b
         "GATHER": int(gather),
         "OUT_BF16": int(bf16),
         "MAX_THREADS": 32 * max(warps, GEMM_WARPS),
+        "STAGE": int(staged),
     }
     return "".join(f"#define {name} {value}\n" for name, value in defines.items()) + SOURCE.read_text()
 
 
 @functools.cache
-def _module(tile: tuple[int, int, int, int], grouped: bool, gather: bool, bf16: bool, device_index: int):
+def _module(tile: tuple[int, int, int, int, int], grouped: bool, gather: bool, bf16: bool, device_index: int):
     """``(gemv, gemm)`` compiled for one gemv tile and one operand form; gemv may take as much shared memory
     as a CTA can opt in to (set once here, so a captured CUDA graph never sees the limit change)."""
     text = source(tile, grouped, gather, bf16)
@@ -177,7 +202,7 @@ def launch(
     x_rows: torch.Tensor | None = None,
     tiles: tuple[torch.Tensor, ...] | None = None,
     grid_rows: int | None = None,
-    tile: tuple[int, int, int, int] | None = None,
+    tile: tuple[int, int, int, int, int] | None = None,
 ) -> None:
     """Run one of the kernels into ``out [R, N]`` (float32 or bfloat16), on ``x``'s device and current stream.
 
@@ -191,10 +216,10 @@ def launch(
             built for the kernel's rows per CTA (:func:`rows_per_cta`); ``grid_rows`` its tile count bound.
         tile: a gemv tile other than :func:`gemv_tile`'s (benchmarks sweep them); gemm ignores it.
     Raises:
-        ValueError: ``gemv`` for a K whose chunk sums do not fit its shared memory (:func:`gemv_fits`).
+        ValueError: ``gemv`` for a K whose chunk sums (and rings) do not fit its shared memory (:func:`gemv_fits`).
     """
     device_index = _index(x.device)
-    groups, quads = fragments.words.shape[1:3]
+    groups = fragments.words.shape[1]
     if gemv:
         tile = tile or gemv_tile(
             rows_per_matrix, groups, fragments.k, shared_limit(x.device), grouped=tiles is not None
@@ -211,10 +236,10 @@ def launch(
     grid_rows = grid_rows if grid_rows is not None else -(-out.shape[0] // rows)
     with torch.cuda.device(x.device):  # the launch goes to the current stream of the current device
         if gemv:
-            warps = min(-(-quads // CHUNK_QUADS), tile[2])
             shared = _gemv_shared_bytes(tile, fragments.k)
             grid = (grid_rows, -(-groups // tile[3]), 1)
-            gemv_kernel(grid=grid, block=(32 * warps, 1, 1), args=args, shared_mem=shared)
+            block = (32 * _gemv_warps(tile, fragments.k), 1, 1)
+            gemv_kernel(grid=grid, block=block, args=args, shared_mem=shared)
         else:
             grid = (grid_rows, -(-groups // GEMM_WARPS), 1)
             gemm_kernel(grid=grid, block=(32 * GEMM_WARPS, 1, 1), args=args)

@@ -6,6 +6,8 @@ reference's bits on every row — which is what lets the sampler decode with one
 score with another.
 """
 
+import re
+
 import pytest
 import torch
 
@@ -99,30 +101,33 @@ def test_every_kernel_gives_the_reference_bits_on_cuda(out_dtype, m, n, k):
     assert_same_bits(ref, gemm.matmul(qx, prepared, out_dtype=out_dtype), "dispatch")
 
 
-# gemv tiles with several column groups per CTA, over weights whose column groups do not fill the last CTA
-# (K = 3072 makes (32, 1, 8, 4)'s chunk sums exactly the 48 KB a CTA gets without opting in)
-COLUMN_GROUP_TILES = sorted({tile for tile in fragment_gemm.GEMV_TILES if tile[3] > 1} | {(16, 2, 8, 4), (32, 4, 4, 4)})
+# every gemv tile, direct and staged, and two more of several column groups, over weights whose column groups
+# do not fill the last CTA (K = 3072 makes (32, 1, 8, 4)'s chunk sums exactly the 48 KB a CTA gets without
+# opting in)
+TEST_TILES = sorted(
+    set(fragment_gemm.GEMV_TILES) | set(fragment_gemm.STAGED_GEMV_TILES) | {(16, 2, 8, 4, 0), (32, 4, 4, 4, 0)}
+)
 HOPPER_SHARED = 232448  # bytes a CTA may opt in to on sm_90
 
 
 def test_gemv_takes_several_column_groups_only_where_the_product_keeps_enough_ctas():
     # CTAs = row tiles x column CTAs, at least MIN_COLUMN_GROUP_CTAS = 128 for a tile of several groups
-    assert fragment_gemm.gemv_tile(32, 512, 7168, HOPPER_SHARED) == (32, 1, 8, 4)  # 8192 rows: 128 CTAs
-    assert fragment_gemm.gemv_tile(32, 509, 7168, HOPPER_SHARED) == (32, 1, 8, 4)  # the last CTA part empty
-    assert fragment_gemm.gemv_tile(32, 508, 7168, HOPPER_SHARED) == (32, 2, 8, 1)  # 127 CTAs of four
-    assert fragment_gemm.gemv_tile(32, 256, 4096, HOPPER_SHARED) == (32, 2, 8, 1)  # 4096 rows, one row tile
-    assert fragment_gemm.gemv_tile(64, 256, 4096, HOPPER_SHARED) == (32, 1, 8, 4)  # two row tiles: 128 CTAs
-    assert fragment_gemm.gemv_tile(33, 256, 4096, HOPPER_SHARED) == (32, 1, 8, 4)  # row tiles round up
-    assert fragment_gemm.gemv_tile(33, 252, 4096, HOPPER_SHARED) == (32, 2, 8, 1)  # 2 x 63 CTAs
-    assert fragment_gemm.gemv_tile(64, 96, 2048, HOPPER_SHARED) == (32, 2, 8, 1)  # 1536 rows
-    assert fragment_gemm.gemv_tile(20, 96, 2048, HOPPER_SHARED) == (32, 2, 8, 1)
-    assert fragment_gemm.gemv_tile(1, 512, 7168, HOPPER_SHARED) == (8, 2, 16, 2)
-    assert fragment_gemm.gemv_tile(8, 256, 4096, HOPPER_SHARED) == (8, 2, 16, 2)
-    assert fragment_gemm.gemv_tile(8, 254, 4096, HOPPER_SHARED) == (8, 4, 8, 1)  # 127 CTAs of two
-    assert fragment_gemm.gemv_tile(9, 4096, 7168, HOPPER_SHARED) == (16, 2, 8, 2)
-    assert fragment_gemm.gemv_tile(16, 96, 2048, HOPPER_SHARED) == (16, 2, 8, 1)
-    assert fragment_gemm.gemv_tile(0.5, 256, 4096, HOPPER_SHARED) == (8, 2, 16, 2)
-    assert fragment_gemm.gemv_tile(4097, 2, 4096, HOPPER_SHARED) == (32, 2, 8, 1)  # never more groups than N has
+    assert fragment_gemm.gemv_tile(32, 512, 7168, HOPPER_SHARED) == (32, 1, 8, 4, 0)  # 8192 rows: 128 CTAs
+    assert fragment_gemm.gemv_tile(32, 509, 7168, HOPPER_SHARED) == (32, 1, 8, 4, 0)  # the last CTA part empty
+    assert fragment_gemm.gemv_tile(32, 508, 7168, HOPPER_SHARED) == (32, 2, 8, 1, 0)  # 127 CTAs of four
+    assert fragment_gemm.gemv_tile(32, 256, 4096, HOPPER_SHARED) == (32, 2, 8, 1, 0)  # 4096 rows, one row tile
+    assert fragment_gemm.gemv_tile(64, 256, 4096, HOPPER_SHARED) == (32, 1, 8, 4, 0)  # two row tiles: 128 CTAs
+    assert fragment_gemm.gemv_tile(33, 256, 4096, HOPPER_SHARED) == (32, 1, 8, 4, 0)  # row tiles round up
+    assert fragment_gemm.gemv_tile(33, 252, 4096, HOPPER_SHARED) == (32, 2, 8, 1, 0)  # 2 x 63 CTAs
+    assert fragment_gemm.gemv_tile(64, 96, 2048, HOPPER_SHARED) == (32, 2, 8, 1, 0)  # 1536 rows
+    assert fragment_gemm.gemv_tile(20, 96, 2048, HOPPER_SHARED) == (32, 2, 8, 1, 0)
+    assert fragment_gemm.gemv_tile(1, 512, 7168, HOPPER_SHARED) == (8, 2, 16, 2, 0)
+    assert fragment_gemm.gemv_tile(8, 512, 4096, HOPPER_SHARED) == (8, 2, 16, 2, 0)
+    assert fragment_gemm.gemv_tile(8, 254, 7168, HOPPER_SHARED) == (8, 4, 8, 1, 0)  # 127 CTAs of two
+    assert fragment_gemm.gemv_tile(9, 4096, 7168, HOPPER_SHARED) == (16, 2, 8, 2, 0)
+    assert fragment_gemm.gemv_tile(16, 96, 2048, HOPPER_SHARED, staged=False) == (16, 2, 8, 1, 0)
+    assert fragment_gemm.gemv_tile(0.5, 512, 4096, HOPPER_SHARED) == (8, 2, 16, 2, 0)
+    assert fragment_gemm.gemv_tile(4097, 2, 4096, HOPPER_SHARED) == (32, 2, 8, 1, 0)  # never more groups than N has
 
 
 def test_grouped_products_keep_one_column_group_per_cta():
@@ -136,7 +141,39 @@ def test_gemv_gives_up_column_groups_before_k_and_then_the_product():
     assert fragment_gemm.gemv_tile(32, 512, 14336 + 512, HOPPER_SHARED)[3] == 1
     assert fragment_gemm.gemv_tile(32, 512, 113 * 512, HOPPER_SHARED)[3] == 1  # 113 chunks x 2 KB
     assert fragment_gemm.gemv_tile(32, 512, 114 * 512, HOPPER_SHARED) is None
-    assert fragment_gemm.gemv_tile(32, 512, 12288, 48 * 1024) == (32, 2, 8, 1)  # without opting in: 12 K
+    assert fragment_gemm.gemv_tile(32, 512, 12288, 48 * 1024) == (32, 2, 8, 1, 0)  # without opting in: 12 K
+
+
+def test_gemv_takes_a_staged_tile_for_dense_products_up_to_the_size_threshold():
+    assert fragment_gemm.STAGED_MAX_ELEMENTS == 4096 * 4096  # weight elements, N x K
+    assert fragment_gemm.gemv_tile(1, 256, 4096, HOPPER_SHARED) == (8, 4, 16, 2, 1)  # 4096 x 4096: the limit
+    assert fragment_gemm.gemv_tile(1, 257, 4096, HOPPER_SHARED) == (8, 2, 16, 2, 0)  # one column group over
+    assert fragment_gemm.gemv_tile(8, 128, 4096, HOPPER_SHARED) == (8, 4, 8, 1, 1)  # 64 CTAs of two: one group
+    assert fragment_gemm.gemv_tile(16, 256, 2048, HOPPER_SHARED) == (16, 4, 8, 2, 1)
+    assert fragment_gemm.gemv_tile(9, 96, 2048, HOPPER_SHARED) == (16, 4, 8, 1, 1)
+    assert fragment_gemm.gemv_tile(17, 96, 2048, HOPPER_SHARED)[4] == 0  # no staged tile at 32 rows
+    assert fragment_gemm.gemv_tile(1, 256, 4096, HOPPER_SHARED, grouped=True)[4] == 0  # MoE products: never
+    assert fragment_gemm.gemv_tile(1, 256, 4096, HOPPER_SHARED, staged=False) == (8, 2, 16, 2, 0)
+    # the ring's shared memory on top of the chunk sums: a K whose staged tile no longer fits takes a direct one
+    assert fragment_gemm.gemv_tile(1, 1, 400 * 512, HOPPER_SHARED) == (8, 4, 8, 1, 0)
+    assert fragment_gemm.gemv_tile(1, 1, 300 * 512, HOPPER_SHARED) == (8, 4, 8, 1, 1)
+    # a ring per launched warp (one per chunk of K), not per warp the tile allows: at K = 512 one warp's
+    # 4 slots x 1792 bytes + 512 of chunk sums fit 8 KB, eight warps' would not
+    assert fragment_gemm.gemv_tile(1, 1, 512, 8192) == (8, 4, 8, 1, 1)
+    assert fragment_gemm.gemv_tile(1, 1, 1024, 8192) == (8, 4, 8, 1, 0)
+
+
+def test_the_shared_memory_planned_for_a_staged_tile_is_what_the_kernel_addresses():
+    # the kernel's chunk sums, then one ring of PREFETCH slots of SLOT_BYTES per launched warp (one per chunk
+    # of K, at most the tile's): SLOT_BYTES read from fragment_gemm.cu, so the two sizes cannot drift apart
+    slot = re.search(r"#define SLOT_BYTES (\(.*\))", fragment_gemm.SOURCE.read_text()).group(1)
+    for tile in fragment_gemm.STAGED_GEMV_TILES:
+        rows, prefetch, warps, groups, _ = tile
+        slot_bytes = eval(slot.replace("GROUPS", str(groups)).replace("NT", str(rows // 8)))
+        for k in (512, 2048, 7168, 20480):
+            chunks = -(-k // 512)
+            expected = chunks * rows * 16 * groups * 4 + min(chunks, warps) * prefetch * slot_bytes
+            assert fragment_gemm._gemv_shared_bytes(tile, k) == expected, (tile, k)
 
 
 def test_grouped_row_tiles_are_built_for_the_rows_of_the_tile_gemv_takes():
@@ -152,11 +189,11 @@ def test_every_row_count_of_the_gemv_tiles_ends_with_a_one_group_tile():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tile", COLUMN_GROUP_TILES)
+@pytest.mark.parametrize("tile", TEST_TILES)
 @pytest.mark.parametrize(
     "m,n,k", [(1, 200, 528), (9, 136, 2112), (31, 48, 96), (33, 1040, 7168), (20, 72, 3072), (8, 48, 8192)]
 )
-def test_gemv_tiles_of_several_column_groups_give_the_reference_bits(tile, m, n, k):
+def test_every_gemv_tile_gives_the_reference_bits(tile, m, n, k):
     qx, qw = _operands(m, n, k, seed=n + m)
     prepared = gemm.with_fragments(qw)
     for out_dtype in (torch.float32, torch.bfloat16):

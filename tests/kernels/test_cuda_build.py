@@ -1,7 +1,8 @@
 """The CUDA fragment kernels build for Hopper (sm_90) and Ada (sm_89) for every tile of ``GEMV_TILES`` and
-operand form — checked without a GPU (``tests.kernels.cuda_build``). The GPU tests check their bits on the
-H200; this catches, in CI, a source NVRTC rejects. CI's NVRTC is the wheel's (12.9), the GPU machine's is
-its torch's (CUDA 13), so a construct only the newer one rejects would still reach the GPU.
+operand form, and every staged tile in the dense forms that take them — checked without a GPU
+(``tests.kernels.cuda_build``). The GPU tests check their bits on the H200; this catches, in CI, a source NVRTC
+rejects. CI's NVRTC is the wheel's (12.9), the GPU machine's is its torch's (CUDA 13), so a construct only the
+newer one rejects would still reach the GPU.
 """
 
 import itertools
@@ -15,10 +16,11 @@ from tests.kernels.cuda_build import BuildError, compile_cubin
 
 FORMS = list(itertools.product([False, True], repeat=3))  # grouped, gather, bf16 output
 KERNELS = ("nvfp4_fragment_gemv", "nvfp4_fragment_gemm")
+BUILDS = [(tile, *form) for tile in fragment_gemm.GEMV_TILES for form in FORMS]
+BUILDS += [(tile, False, False, bf16) for tile in fragment_gemm.STAGED_GEMV_TILES for bf16 in (False, True)]
 
 
-@pytest.mark.parametrize("tile", fragment_gemm.GEMV_TILES)
-@pytest.mark.parametrize("grouped,gather,bf16", FORMS)
+@pytest.mark.parametrize("tile,grouped,gather,bf16", BUILDS)
 def test_every_form_the_launcher_compiles_builds_for_hopper(tile, grouped, gather, bf16):
     cubin, log = compile_cubin(fragment_gemm.source(tile, grouped, gather, bf16), fragment_gemm.NVRTC_OPTIONS, 90)
     for kernel in KERNELS:
@@ -26,13 +28,22 @@ def test_every_form_the_launcher_compiles_builds_for_hopper(tile, grouped, gathe
         assert kernel.encode() in cubin
 
 
-def test_builds_for_ada():
-    source = fragment_gemm.source(fragment_gemm.GEMV_TILES[0], False, False, True)
-    _, log = compile_cubin(source, fragment_gemm.NVRTC_OPTIONS, 89)
+@pytest.mark.parametrize("tile", [fragment_gemm.GEMV_TILES[0], fragment_gemm.STAGED_GEMV_TILES[0]])
+def test_builds_for_ada(tile):
+    _, log = compile_cubin(fragment_gemm.source(tile, False, False, True), fragment_gemm.NVRTC_OPTIONS, 89)
     assert all(f"Compiling entry function '{kernel}' for 'sm_89'" in log for kernel in KERNELS)
 
 
 def test_a_source_nvrtc_rejects_is_reported_with_its_log():
     source = fragment_gemm.source(fragment_gemm.GEMV_TILES[0], False, False, True).replace("#define NT", "#define NQ")
     with pytest.raises(BuildError, match='identifier "NT" is undefined'):
+        compile_cubin(source, fragment_gemm.NVRTC_OPTIONS, 90)
+
+
+def test_a_staged_tile_of_one_slot_is_refused():
+    with pytest.raises(ValueError, match="two slots"):
+        fragment_gemm.source((8, 1, 8, 1, 1), False, False, True)
+    source = fragment_gemm.source((8, 2, 8, 1, 1), False, False, True)
+    source = source.replace("#define PREFETCH 2", "#define PREFETCH 1")
+    with pytest.raises(BuildError, match="two slots"):
         compile_cubin(source, fragment_gemm.NVRTC_OPTIONS, 90)
