@@ -114,7 +114,7 @@ def sweep() -> list[dict]:
         most = fragment_gemm.rows_per_cta(m, gemv=True)
         rows = sorted({tile[0] for tile in fragment_gemm.GEMV_TILES if tile[0] <= most})
         for tile in itertools.product(rows, (1, 2, 4), (4, 8), (1, 2, 4), (0, 1)):
-            if (tile[4] and tile[1] < 2) or not fragment_gemm.tile_fits(tile, k, qx.device):
+            if not (fragment_gemm.tile_builds(tile) and fragment_gemm.tile_fits(tile, k, qx.device)):
                 continue
 
             def run(i, qx=qx, tile=tile):

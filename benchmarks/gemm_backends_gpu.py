@@ -13,6 +13,7 @@ cold). Run on the GPU machine:
 from __future__ import annotations
 
 import argparse
+import itertools
 from pathlib import Path
 
 import torch
@@ -35,15 +36,8 @@ SWEEP_WARPS = (4, 8)  # warps per CTA the sweep tries unless --warps names other
 def sweep_tiles(warps: tuple[int, ...]) -> tuple[tuple[int, int, int, int, int], ...]:
     """The gemv tiles ``--sweep`` times: rows per CTA × prefetch quads × ``warps`` × column groups per CTA ×
     staged or not (a staged tile's ring needs two slots at least)."""
-    return tuple(
-        (rows, prefetch, w, column_groups, staged)
-        for rows in (8, 16, 32)
-        for prefetch in (1, 2, 4)
-        for w in warps
-        for column_groups in (1, 2, 4)
-        for staged in (0, 1)
-        if not (staged and prefetch < 2)
-    )
+    tiles = itertools.product((8, 16, 32), (1, 2, 4), warps, (1, 2, 4), (0, 1))
+    return tuple(tile for tile in tiles if fragment_gemm.tile_builds(tile))
 
 
 def packed_weights(n: int, k: int, copies: int | None = None) -> list[NVFP4Tensor]:

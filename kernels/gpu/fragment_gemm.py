@@ -146,11 +146,16 @@ def gemv_fits(rows_per_matrix: float, k: int, device: torch.device) -> bool:
     return gemv_tile(rows_per_matrix, 1, k, shared_limit(device)) is not None
 
 
+def tile_builds(tile: tuple[int, int, int, int, int]) -> bool:
+    """Whether ``tile`` makes a kernel: a staged tile's ring needs at least two slots (``prefetch`` >= 2)."""
+    return not (tile[4] and tile[1] < 2)
+
+
 def source(tile: tuple[int, int, int, int, int], grouped: bool, gather: bool, bf16: bool) -> str:
     """The CUDA source of both kernels for one gemv tile and one operand form: :data:`SOURCE` after the
     ``#define`` lines of its macros."""
     rows, prefetch, warps, column_groups, staged = tile
-    if staged and prefetch < 2:
+    if not tile_builds(tile):
         raise ValueError(f"gemv tile {tile}: a staged tile needs a ring of at least two slots (prefetch >= 2)")
     defines = {
         "NT": rows // 8,
