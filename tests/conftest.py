@@ -29,6 +29,9 @@ if not torch.cuda.is_available():
 
 
 def pytest_collection_modifyitems(config, items):
+    # pytest-xdist hands out tests in collection order: the few that take minutes go first, so that they run
+    # beside the short ones instead of alone at the end (a stable sort keeps every other test's order)
+    items.sort(key=lambda item: "long" not in item.keywords)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (run on the H200 machine)")
@@ -77,20 +80,39 @@ def dense_run_config(tmp_path_factory):
 @pytest.fixture(scope="session")
 def warm_start(tmp_path_factory):
     """One ``nibble sft`` warm start per test session (≈ 1 minute), shared by the CLI and service tests:
-    the run config's task and target accuracy (which leaves RL room to show). ``NIBBLE_TEST_WARM_START=DIR``
-    reuses one made earlier (``nibble sft --out DIR``) when iterating on system tests."""
+    the run config's task and target accuracy (which leaves RL room to show). Under pytest-xdist the workers
+    share one (the first to need it makes it, under a file lock). ``NIBBLE_TEST_WARM_START=DIR`` reuses one
+    made earlier (``nibble sft --out DIR``) when iterating on system tests."""
     import os
-    import subprocess
-    import sys
     from pathlib import Path
+
+    from filelock import FileLock
 
     if os.environ.get("NIBBLE_TEST_WARM_START"):
         return Path(os.environ["NIBBLE_TEST_WARM_START"])
 
+    # under xdist each worker's base folder is a child of the one folder of the run, which they share
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    (shared / "warm").mkdir(exist_ok=True)
+    out, done = shared / "warm" / "ckpt", shared / "warm" / "done"
+    with FileLock(str(shared / "warm" / "lock")):
+        if not done.exists():
+            _sft_warm_start(out)
+            done.touch()
+    return out
+
+
+def _sft_warm_start(out):
+    """``nibble sft`` into ``out`` with the default run config's task, seed and target accuracy."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
     from nibble.config import load
 
     config = load(None)
-    out = tmp_path_factory.mktemp("warm") / "ckpt"
     nibble = str(Path(sys.executable).with_name("nibble"))
     argv = [nibble, "sft", "--out", str(out), "--task", config.task.name, "--seed", str(config.seed)]
     argv += ["--target-accuracy", str(config.model.sft_target_accuracy)]
@@ -98,4 +120,3 @@ def warm_start(tmp_path_factory):
         argv += ["--task-option", f"{key}={value}"]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stderr
-    return out

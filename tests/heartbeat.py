@@ -1,10 +1,14 @@
-"""A pytest plugin: while one test (or its fixtures' set-up) runs long, a line now and then says which, for
+"""A pytest plugin: while a test (or its fixtures' set-up) runs long, a line now and then says which, for
 how long, how long it took last time, and about how much of the session is left.
 
 pytest prints nothing until a test ends, and a few of ours (the real-stack system tests, the session's
 warm start) take minutes. Durations are kept in pytest's cache (``.pytest_cache``), so a fresh clone
 shows elapsed time only. Lines go to the terminal itself (a copy of stdout taken before any test runs),
 not through pytest's output capture.
+
+It follows tests through the report hooks (``pytest_runtest_logstart`` / ``logfinish``), which pytest-xdist
+calls in the controlling process for every test its workers run: under ``-n N`` the controller reports
+each long test under way and the workers stay silent.
 """
 
 from __future__ import annotations
@@ -30,20 +34,24 @@ def pytest_addoption(parser):
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config):
-    if config.getoption("heartbeat") > 0:
+    worker = hasattr(config, "workerinput")  # a pytest-xdist worker: its controller reports for it
+    if config.getoption("heartbeat") > 0 and not worker:
         config.pluginmanager.register(Heartbeat(config), "nibble-heartbeat")
 
 
 class Heartbeat:
-    """The plugin's state: the test under way, this session's durations and the last session's."""
+    """The plugin's state: the tests under way, this session's durations and the last session's."""
 
     def __init__(self, config):
         self.every = config.getoption("heartbeat")
+        workers = getattr(config.option, "numprocesses", None)
+        self.workers = workers if isinstance(workers, int) and workers > 0 else 1
         self.cache = getattr(config, "cache", None)
         self.previous: dict[str, float] = self.cache.get(CACHE_KEY, {}) if self.cache is not None else {}
         self.durations: dict[str, float] = {}
         self.pending: list[str] = []
-        self.current: tuple[str, float] | None = None
+        self.running: dict[str, float] = {}  # nodeid -> start (time.monotonic())
+        self.lock = threading.Lock()
         self.terminal = os.dup(1)  # capture is suspended while plugins configure: this is the terminal
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._beat, name="test-heartbeat", daemon=True)
@@ -52,15 +60,22 @@ class Heartbeat:
     def pytest_collection_finish(self, session):
         self.pending = [item.nodeid for item in session.items]
 
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_protocol(self, item, nextitem):
-        started = time.monotonic()
-        self.current = (item.nodeid, started)
-        yield
-        self.current = None
-        self.durations[item.nodeid] = time.monotonic() - started
-        if item.nodeid in self.pending:
-            self.pending.remove(item.nodeid)
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids):
+        if not self.pending:  # every worker collects the same tests
+            self.pending = list(ids)
+
+    def pytest_runtest_logstart(self, nodeid, location):
+        with self.lock:
+            self.running[nodeid] = time.monotonic()
+
+    def pytest_runtest_logfinish(self, nodeid, location):
+        with self.lock:
+            started = self.running.pop(nodeid, None)
+            if started is not None:
+                self.durations[nodeid] = time.monotonic() - started
+            if nodeid in self.pending:
+                self.pending.remove(nodeid)
 
     def pytest_sessionfinish(self, session):
         self.stop.set()
@@ -70,28 +85,35 @@ class Heartbeat:
             self.cache.set(CACHE_KEY, {**self.previous, **self.durations})
 
     def _beat(self) -> None:
-        beats = {}
+        beats: dict[tuple[str, float], int] = {}
         while not self.stop.wait(min(self.every / 4, 1.0)):
-            current = self.current
-            if current is None:
-                continue
-            nodeid, started = current
-            elapsed = time.monotonic() - started
-            if elapsed < self.every * (beats.get(current, 0) + 1):
-                continue
-            beats = {current: beats.get(current, 0) + 1}
-            os.write(self.terminal, f"\n    ... {self.describe(nodeid, elapsed)}\n".encode())
+            with self.lock:
+                running = dict(self.running)
+                lines = []
+                now = time.monotonic()
+                for nodeid, started in running.items():
+                    elapsed, key = now - started, (nodeid, started)
+                    if elapsed >= self.every * (beats.get(key, 0) + 1):
+                        beats[key] = beats.get(key, 0) + 1
+                        lines.append(self.describe(nodeid, elapsed, running, now))
+                beats = {key: n for key, n in beats.items() if running.get(key[0]) == key[1]}
+            for line in lines:
+                os.write(self.terminal, f"\n    ... {line}\n".encode())
 
-    def describe(self, nodeid: str, elapsed: float) -> str:
+    def describe(self, nodeid: str, elapsed: float, running: dict[str, float], now: float) -> str:
+        """One line on ``nodeid``, ``elapsed`` seconds in; ``running`` maps every test under way to its start.
+
+        The time left is the last session's durations of the tests not yet finished, less what those under
+        way have run, shared among the workers; it is given only when every such test has a duration."""
         text = f"{nodeid} running for {_clock(elapsed)}"
         if nodeid in self.previous:
             text += f" (took {_clock(self.previous[nodeid])} last time)"
-        others = [n for n in self.pending if n != nodeid]
-        known = [self.previous[n] for n in others if n in self.previous]
         text += f"; {len(self.pending)} tests to go"
-        if len(known) == len(others) and nodeid in self.previous:
-            left = sum(known) + max(0.0, self.previous[nodeid] - elapsed)
-            text += f", about {_clock(left)} left"
+        known = [self.previous[n] for n in self.pending if n in self.previous]
+        if len(known) == len(self.pending) and nodeid in self.previous:
+            ahead = sum(self.previous[n] for n in self.pending if n not in running)
+            ahead += sum(max(0.0, self.previous.get(n, 0.0) - (now - started)) for n, started in running.items())
+            text += f", about {_clock(ahead / self.workers)} left"
         elif known:  # a partial history (a fresh clone, or new tests) gives no honest ETA
             text += f" ({len(known)} of them took {_clock(sum(known))} last time)"
         return text

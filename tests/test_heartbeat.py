@@ -23,3 +23,22 @@ def test_a_long_test_reports_itself_while_it_runs_with_last_times_duration(tmp_p
     second = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     pattern = r"test_slow running for \d s \(took 3 s last time\); 2 tests to go, about \d s left\n"
     assert re.search(pattern, second.stdout), second.stdout
+
+
+def test_under_xdist_the_controller_reports_each_long_test_of_every_worker(tmp_path):
+    slow = "import time\n\ndef test_a():\n    time.sleep(2.6)\n\ndef test_b():\n    time.sleep(2.6)\n"
+    (tmp_path / "test_both.py").write_text(slow)
+    argv = [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "tests.heartbeat", "--heartbeat", "1",
+            "-o", "addopts=", "-o", f"cache_dir={tmp_path / 'cache'}",
+            "--rootdir", str(tmp_path), str(tmp_path)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    first = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    for name in ("test_a", "test_b"):  # the two run side by side on two workers, and both are reported
+        assert re.search(rf"test_both.py::{name} running for \d s; \d tests to go\n", first.stdout), first.stdout
+    second = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    # one second in, the two tests under way have about 2 s each to go; two workers share them: about 2 s left
+    # (4 s for one worker)
+    pattern = r"test_a running for 1 s \(took 3 s last time\); 2 tests to go, about (\d) s left\n"
+    left = re.findall(pattern, second.stdout)
+    assert left and int(left[0]) <= 2, second.stdout

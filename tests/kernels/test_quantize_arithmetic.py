@@ -111,6 +111,7 @@ def _check_e2m1(bits: np.ndarray) -> None:
 
 
 @pytest.mark.parametrize("sign", [0, 1])
+@pytest.mark.long
 def test_e2m1_round_on_every_float32_from_2e_minus_8_to_8(sign):
     """Every float32 of magnitude in [2^-8, 8): every tie, midpoint neighbour and binade edge of the grid."""
     for exponent in range(119, 130):

@@ -84,6 +84,7 @@ def test_gemm_operand_is_the_decoded_codes(dtype, four_over_six):
     assert nvfp4.quantize(x, scale="per_token", backend="reference", gemm_operand=True).operand is None
 
 
+@pytest.mark.long
 def test_products_with_the_quantiser_s_operand_give_the_same_bits():
     x, w = heavy_tailed((5, 2080), 3).to(DEVICE), heavy_tailed((48, 2080), 5).to(DEVICE)
     qw = nvfp4.quantize(w, scale="per_tensor", four_over_six="mse", backend="triton")

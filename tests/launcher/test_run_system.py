@@ -5,6 +5,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.services import run_launcher
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,6 +33,7 @@ def late_accuracy(out: Path) -> float:
     return sum(late) / len(late)
 
 
+@pytest.mark.long
 def test_learning_not_luck_the_trained_run_beats_a_learning_rate_0_control(warm_start, tmp_path):
     # 200 steps gain +0.18…+0.35 on 2-digit addition (the main job's runs), above the +0.1 asserted
     run("default.yaml", tmp_path / "trained", warm_start, trainer__total_steps=200, trainer__eval_every=25)
