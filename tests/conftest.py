@@ -31,7 +31,7 @@ if not torch.cuda.is_available():
 def pytest_collection_modifyitems(config, items):
     # pytest-xdist hands out tests in collection order: the few that take minutes go first, so that they run
     # beside the short ones instead of alone at the end (a stable sort keeps every other test's order)
-    items.sort(key=lambda item: "long" not in item.keywords)
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (run on the H200 machine)")
@@ -78,12 +78,14 @@ def dense_run_config(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def warm_start(tmp_path_factory):
+def warm_start(tmp_path_factory, pytestconfig):
     """One ``nibble sft`` warm start per test session (≈ 1 minute), shared by the CLI and service tests:
     the run config's task and target accuracy (which leaves RL room to show). Under pytest-xdist the workers
-    share one (the first to need it makes it, under a file lock). ``NIBBLE_TEST_WARM_START=DIR`` reuses one
-    made earlier (``nibble sft --out DIR``) when iterating on system tests."""
+    share one: the first to need it makes it under a file lock, and a failure is recorded there, so that the
+    other workers fail with its message instead of running it again. ``NIBBLE_TEST_WARM_START=DIR`` reuses
+    one made earlier (``nibble sft --out DIR``) when iterating on system tests."""
     import os
+    import shutil
     from pathlib import Path
 
     from filelock import FileLock
@@ -91,21 +93,30 @@ def warm_start(tmp_path_factory):
     if os.environ.get("NIBBLE_TEST_WARM_START"):
         return Path(os.environ["NIBBLE_TEST_WARM_START"])
 
-    # under xdist each worker's base folder is a child of the one folder of the run, which they share
+    # a worker's base folder is a child of the run's own, which the workers share
     shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if hasattr(pytestconfig, "workerinput"):
         shared = shared.parent
-    (shared / "warm").mkdir(exist_ok=True)
-    out, done = shared / "warm" / "ckpt", shared / "warm" / "done"
-    with FileLock(str(shared / "warm" / "lock")):
-        if not done.exists():
-            _sft_warm_start(out)
-            done.touch()
+    folder = shared / "warm"
+    folder.mkdir(exist_ok=True)
+    out, failed = folder / "ckpt", folder / "failed"
+    with FileLock(str(folder / "lock")):
+        if failed.exists():
+            pytest.fail(f"the warm start failed in another worker:\n{failed.read_text()}")
+        if not out.exists():
+            partial = folder / "partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            error = _sft_warm_start(partial)
+            if error is not None:
+                failed.write_text(error)
+                pytest.fail(f"the warm start failed:\n{error}")
+            partial.rename(out)  # whole or absent: a worker never sees half a checkpoint
     return out
 
 
 def _sft_warm_start(out):
-    """``nibble sft`` into ``out`` with the default run config's task, seed and target accuracy."""
+    """``nibble sft`` into ``out`` with the default run config's task, seed and target accuracy; its stderr
+    where it fails, else None."""
     import subprocess
     import sys
     from pathlib import Path
@@ -118,5 +129,8 @@ def _sft_warm_start(out):
     argv += ["--target-accuracy", str(config.model.sft_target_accuracy)]
     for key, value in config.task.options.items():
         argv += ["--task-option", f"{key}={value}"]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
-    assert result.returncode == 0, result.stderr
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
+    except subprocess.TimeoutExpired:
+        return f"{' '.join(argv)}: no result in 1800 s"
+    return None if result.returncode == 0 else f"{' '.join(argv)} exited {result.returncode}:\n{result.stderr}"

@@ -44,8 +44,7 @@ class Heartbeat:
 
     def __init__(self, config):
         self.every = config.getoption("heartbeat")
-        workers = getattr(config.option, "numprocesses", None)
-        self.workers = workers if isinstance(workers, int) and workers > 0 else 1
+        self.workers: set[str] = set()  # pytest-xdist's workers that came up; none in a plain run
         self.cache = getattr(config, "cache", None)
         self.previous: dict[str, float] = self.cache.get(CACHE_KEY, {}) if self.cache is not None else {}
         self.durations: dict[str, float] = {}
@@ -61,18 +60,36 @@ class Heartbeat:
         self.pending = [item.nodeid for item in session.items]
 
     @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodeready(self, node):
+        with self.lock:
+            self.workers.add(node.gateway.id)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error):
+        with self.lock:
+            self.workers.discard(node.gateway.id)
+
+    @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node, ids):
-        if not self.pending:  # every worker collects the same tests
-            self.pending = list(ids)
+        with self.lock:
+            if not self.pending and not self.durations:  # every worker collects the same tests
+                self.pending = list(ids)
 
     def pytest_runtest_logstart(self, nodeid, location):
         with self.lock:
             self.running[nodeid] = time.monotonic()
 
     def pytest_runtest_logfinish(self, nodeid, location):
+        self._finished(nodeid, record=True)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_handlecrashitem(self, crashitem, report, sched):
+        self._finished(crashitem, record=False)  # a crashed worker's test never reaches logfinish
+
+    def _finished(self, nodeid: str, record: bool) -> None:
         with self.lock:
             started = self.running.pop(nodeid, None)
-            if started is not None:
+            if started is not None and record:
                 self.durations[nodeid] = time.monotonic() - started
             if nodeid in self.pending:
                 self.pending.remove(nodeid)
@@ -104,16 +121,17 @@ class Heartbeat:
         """One line on ``nodeid``, ``elapsed`` seconds in; ``running`` maps every test under way to its start.
 
         The time left is the last session's durations of the tests not yet finished, less what those under
-        way have run, shared among the workers; it is given only when every such test has a duration."""
+        way have run, shared among the workers, and at least what the longest test under way still needs; it is
+        given only when every such test has a duration."""
         text = f"{nodeid} running for {_clock(elapsed)}"
         if nodeid in self.previous:
             text += f" (took {_clock(self.previous[nodeid])} last time)"
         text += f"; {len(self.pending)} tests to go"
         known = [self.previous[n] for n in self.pending if n in self.previous]
         if len(known) == len(self.pending) and nodeid in self.previous:
-            ahead = sum(self.previous[n] for n in self.pending if n not in running)
-            ahead += sum(max(0.0, self.previous.get(n, 0.0) - (now - started)) for n, started in running.items())
-            text += f", about {_clock(ahead / self.workers)} left"
+            rest = [max(0.0, self.previous.get(n, 0.0) - (now - started)) for n, started in running.items()]
+            ahead = sum(self.previous[n] for n in self.pending if n not in running) + sum(rest)
+            text += f", about {_clock(max(ahead / max(1, len(self.workers)), *rest))} left"
         elif known:  # a partial history (a fresh clone, or new tests) gives no honest ETA
             text += f" ({len(known)} of them took {_clock(sum(known))} last time)"
         return text

@@ -42,3 +42,19 @@ def test_under_xdist_the_controller_reports_each_long_test_of_every_worker(tmp_p
     pattern = r"test_a running for 1 s \(took 3 s last time\); 2 tests to go, about (\d) s left\n"
     left = re.findall(pattern, second.stdout)
     assert left and int(left[0]) <= 2, second.stdout
+
+
+def test_a_test_whose_worker_crashed_is_no_longer_reported(tmp_path):
+    tests = (
+        "import os, time\n\ndef test_crash():\n    time.sleep(1.5)\n    os._exit(1)\n\n"
+        "def test_slow():\n    time.sleep(5)\n"
+    )
+    (tmp_path / "test_crash.py").write_text(tests)
+    argv = [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "tests.heartbeat", "--heartbeat", "1",
+            "-o", "addopts=", "-o", f"cache_dir={tmp_path / 'cache'}",
+            "--rootdir", str(tmp_path), str(tmp_path)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert result.returncode == 1 and "crashed" in result.stdout, result.stdout + result.stderr
+    assert re.search(r"test_slow running for 4 s; 1 tests to go\n", result.stdout), result.stdout
+    assert not re.search(r"test_crash running for [3-9] s", result.stdout), result.stdout
