@@ -105,25 +105,24 @@ class Heartbeat:
         beats: dict[tuple[str, float], int] = {}
         while not self.stop.wait(min(self.every / 4, 1.0)):
             with self.lock:
-                running = dict(self.running)
                 lines = []
                 now = time.monotonic()
-                for nodeid, started in running.items():
-                    elapsed, key = now - started, (nodeid, started)
-                    if elapsed >= self.every * (beats.get(key, 0) + 1):
+                for key in self.running.items():
+                    if now - key[1] >= self.every * (beats.get(key, 0) + 1):
                         beats[key] = beats.get(key, 0) + 1
-                        lines.append(self.describe(nodeid, elapsed, running, now))
-                beats = {key: n for key, n in beats.items() if running.get(key[0]) == key[1]}
+                        lines.append(self.describe(key[0], now))
+                beats = {key: n for key, n in beats.items() if self.running.get(key[0]) == key[1]}
             for line in lines:
                 os.write(self.terminal, f"\n    ... {line}\n".encode())
 
-    def describe(self, nodeid: str, elapsed: float, running: dict[str, float], now: float) -> str:
-        """One line on ``nodeid``, ``elapsed`` seconds in; ``running`` maps every test under way to its start.
+    def describe(self, nodeid: str, now: float) -> str:
+        """One line on ``nodeid``, a test under way, at ``now`` (``time.monotonic()``); the caller holds the lock.
 
         The time left is the last session's durations of the tests not yet finished, less what those under
         way have run, shared among the workers, and at least what the longest test under way still needs; it is
         given only when every such test has a duration."""
-        text = f"{nodeid} running for {_clock(elapsed)}"
+        running = self.running
+        text = f"{nodeid} running for {_clock(now - running[nodeid])}"
         if nodeid in self.previous:
             text += f" (took {_clock(self.previous[nodeid])} last time)"
         text += f"; {len(self.pending)} tests to go"
