@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import itertools
 import subprocess
 from pathlib import Path
 
 import torch
 
-from benchmarks.gemm_backends_gpu import EXPERTS, packed_activations, packed_stack, packed_weights
+from benchmarks.gemm_backends_gpu import EXPERTS, SWEEP, packed_activations, packed_stack, packed_weights, sweep_tiles
 from benchmarks.kernels_gpu import copies_for, graph_time
 from benchmarks.machine import describe, write_record
 from nibble.kernels.gpu import fragment_gemm
@@ -103,8 +102,8 @@ def grouped(sources: dict[str, Path]) -> list[dict]:
 
 
 def sweep() -> list[dict]:
-    """The working tree's gemv at every (rows per CTA up to M's default, prefetch, warps, column groups per CTA,
-    staged or not), 8192×7168."""
+    """The working tree's gemv at every tile of ``gemm_backends_gpu.sweep_tiles`` (its default values) whose rows
+    per CTA are at most M's default, 8192×7168."""
     n, k = DENSE
     qws = packed_weights(n, k)
     out = []
@@ -113,8 +112,8 @@ def sweep() -> list[dict]:
         expected = gpu_gemm.fragment_matmul(qx, qws[0], torch.bfloat16, gemv=False)
         most = fragment_gemm.rows_per_cta(m, gemv=True)
         rows = sorted({tile[0] for tile in fragment_gemm.GEMV_TILES if tile[0] <= most})
-        for tile in itertools.product(rows, (1, 2, 4), (4, 8), (1, 2, 4), (0, 1)):
-            if not (fragment_gemm.tile_builds(tile) and fragment_gemm.tile_fits(tile, k, qx.device)):
+        for tile in sweep_tiles(SWEEP):
+            if tile[0] not in rows or not fragment_gemm.tile_fits(tile, k, qx.device):
                 continue
 
             def run(i, qx=qx, tile=tile):

@@ -30,13 +30,22 @@ DENSE_ROWS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 256, 1024, 4096)
 TRITON_ROWS = 8  # the portable Triton kernel is timed up to here (one dot per block: far slower beyond)
 EXPERTS, HIDDEN, INTER = 128, 2048, 768
 GROUPED_ROWS_PER_EXPERT = (1, 2, 4, 8, 16, 32, 64)
-SWEEP_WARPS = (4, 8)  # warps per CTA the sweep tries unless --warps names others
+SWEEP = {  # each launch parameter's values the sweep tries unless its option names others
+    "prefetch": (1, 2, 4),
+    "warps": (4, 8),
+    "groups": (1, 2, 4),
+    "staged": (0, 1),
+    "column_warps": (1,),
+}
+SWEEP_SHAPES = ((8192, 7168), (4096, 4096), (1536, 2048))
+SWEEP_ROWS = (1, 8, 16, 32, 64)
 
 
-def sweep_tiles(warps: tuple[int, ...]) -> tuple[tuple[int, int, int, int, int], ...]:
-    """The gemv tiles ``--sweep`` times: rows per CTA × prefetch quads × ``warps`` × column groups per CTA ×
-    staged or not (a staged tile's ring needs two slots at least)."""
-    tiles = itertools.product((8, 16, 32), (1, 2, 4), warps, (1, 2, 4), (0, 1))
+def sweep_tiles(values: dict[str, tuple[int, ...]]) -> tuple[tuple[int, int, int, int, int, int], ...]:
+    """The gemv tiles ``--sweep`` times: rows per CTA × the product of ``values``' prefetch quads, warps splitting
+    K, column groups per warp, staged or not and column warps (tiles that build: ``fragment_gemm.tile_builds``)."""
+    names = ("prefetch", "warps", "groups", "staged", "column_warps")  # the tile's order after rows per CTA
+    tiles = itertools.product((8, 16, 32), *(values[name] for name in names))
     return tuple(tile for tile in tiles if fragment_gemm.tile_builds(tile))
 
 
@@ -140,18 +149,19 @@ def _grouped(n: int, k: int) -> list[dict]:
     return rows
 
 
-def sweep(warps: tuple[int, ...]) -> list[dict]:
-    """gemv's launch parameters (rows per CTA, prefetch quads, warps, column groups per CTA) at decode sizes;
-    every one gives gemm's bits (checked). Each M tries the tiles of its default row count whose chunk sums fit
-    a CTA's shared memory."""
+def sweep(values: dict[str, tuple[int, ...]], shapes, ms) -> list[dict]:
+    """gemv's launch parameters (:func:`sweep_tiles` of ``values``, and the default tiles beside them) on
+    ``shapes`` (N, K) at ``ms`` rows; every one gives gemm's bits (checked). Each M tries the tiles of its default
+    row count whose chunk sums fit a CTA's shared memory."""
     out = []
-    for n, k in ((8192, 7168), (4096, 4096), (1536, 2048)):
+    tiles = dict.fromkeys(sweep_tiles(values) + fragment_gemm.STAGED_GEMV_TILES + fragment_gemm.GEMV_TILES)
+    for n, k in shapes:
         qws = packed_weights(n, k)
-        for m in (1, 8, 16, 32, 64):
+        for m in ms:
             qx = packed_activations(m, k)
             expected = gpu_gemm.fragment_matmul(qx, qws[0], torch.bfloat16, gemv=False)
             rows = fragment_gemm.rows_per_cta(m, gemv=True)
-            for tile in sweep_tiles(warps):
+            for tile in tiles:
                 if tile[0] != rows or not fragment_gemm.tile_fits(tile, k, qx.device):
                     continue
 
@@ -163,6 +173,15 @@ def sweep(warps: tuple[int, ...]) -> list[dict]:
                 out.append({"shape": [n, k], "m": m, "tile": list(tile), **t, "same_bits": same})
                 print(f"gemv {n}x{k} M={m:3d} tile={tile}: {t['graph_s'] * 1e6:7.1f} us  {same}", flush=True)
     return out
+
+
+def shape(text: str) -> tuple[int, int]:
+    """``NxK`` as ``(N, K)``, for ``--shapes``."""
+    try:
+        n, k = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a shape is N x K, e.g. 8192x7168, not {text!r}") from None
+    return n, k
 
 
 def crossover(rows: list[dict], key: str) -> int:
@@ -180,17 +199,25 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200_gemm_backends.json"))
     parser.add_argument("--skip", nargs="*", default=[], choices=["dense", "grouped"])
     parser.add_argument("--sweep", action="store_true", help="time the fragment kernel's launch parameters instead")
-    parser.add_argument("--warps", nargs="+", type=int, default=SWEEP_WARPS, help="warps per CTA --sweep tries")
+    for name, default in SWEEP.items():
+        option = "--" + name.replace("_", "-")
+        parser.add_argument(option, nargs="+", type=int, default=default, help=f"{name} values --sweep tries")
+    parser.add_argument("--shapes", nargs="+", type=shape, default=SWEEP_SHAPES, help="N x K --sweep times")
+    parser.add_argument("--m", nargs="+", type=int, default=SWEEP_ROWS, help="row counts --sweep times")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/gemm_backends_gpu.py needs a CUDA GPU")
     torch.manual_seed(0)
     command = "python -m benchmarks.gemm_backends_gpu"
+    values = {name: tuple(getattr(args, name)) for name in SWEEP}
     if args.sweep:
-        command += " --sweep --warps " + " ".join(map(str, args.warps))
+        options = {**values, "shapes": [f"{n}x{k}" for n, k in args.shapes], "m": args.m}
+        command += " --sweep " + " ".join(
+            f"--{name.replace('_', '-')} " + " ".join(map(str, v)) for name, v in options.items()
+        )
     result = {"machine": describe(), "command": command}
     if args.sweep:
-        result["sweep"] = sweep(tuple(args.warps))
+        result["sweep"] = sweep(values, args.shapes, args.m)
     else:
         if "dense" not in args.skip:
             result["dense"] = [row for n, k in DENSE_SHAPES for row in _dense(n, k)]

@@ -22,10 +22,10 @@ def main() -> None:
     parser.add_argument("--rows", nargs="+", type=int, default=[1, 8, 32], help="activation rows M, one launch each")
     parser.add_argument(
         "--tile",
-        nargs=5,
+        nargs=6,
         type=int,
         default=None,
-        help="a gemv tile (rows, prefetch, warps, groups, staged) instead of the default",
+        help="a gemv tile (rows, prefetch, warps, groups, staged, column warps) instead of the default",
     )
     args = parser.parse_args()
     if not torch.cuda.is_available():

@@ -24,23 +24,26 @@
 //
 // Weights are the mma's A operand (16 weight rows of one column group), activations the B operand (8 rows
 // per n8 tile). Two kernels:
-// - nvfp4_fragment_gemv (few rows, decode): one CTA per (NT x 8 activation rows, GROUPS column groups) for
-//   all of K; warp w sums chunks w, w + warps, ... for the CTA's groups and leaves each chunk's sum in shared
-//   memory, which the CTA adds in chunk order. Activations are read straight from global memory (L2), once
-//   per CTA: a warp applies each activation load to its GROUPS column groups, which is what bounds the L2
-//   traffic when every column group would otherwise read all the rows' activations again. With STAGE, each
-//   lane instead streams its operands (weight words, block scales, activations) through a ring of PREFETCH
-//   shared-memory slots with cp.async, PREFETCH - 1 quads ahead of the quad being summed: more loads in
-//   flight for no registers, which pays where a product is too small to keep DRAM busy (fragment_gemm.py
-//   says where it is used).
+// - nvfp4_fragment_gemv (few rows, decode): one CTA per (NT x 8 activation rows, COLUMN_WARPS x GROUPS column
+//   groups) for all of K; the CTA's warps form COLUMN_WARPS columns of warps side by side along N, each owning
+//   GROUPS column groups, and within a column warp w sums chunks w, w + warps, ... and leaves each chunk's
+//   sum in shared memory, which the CTA adds in chunk order. Activations are read straight from global memory,
+//   once per CTA from L2: a warp applies each activation load to its GROUPS column groups, and the column warps
+//   that read the same chunk find it in L1, which is what bounds the L2 traffic when every column group would
+//   otherwise read all the rows' activations again. With STAGE, each lane instead streams its operands
+//   (weight words, block scales, activations) through a ring of PREFETCH shared-memory slots with cp.async,
+//   PREFETCH - 1 quads ahead of the quad being summed: more loads in flight for no registers, which pays
+//   where a product is too small to keep DRAM busy (fragment_gemm.py says where it is used).
 // - nvfp4_fragment_gemm (many rows): one CTA per (64 activation rows, WARPS column groups); each warp holds
 //   its column group's running chunk and total sums for the 64 rows; a step of 128 elements of K stages
 //   the 64 rows' activations in shared memory, where every warp reads its B operands.
 // Macros: NT, PREFETCH (quads whose weight loads a warp issues together, or with STAGE the ring's slots),
-// GROUPS (gemv's column groups per CTA), STAGE, WARPS, TILE_ROWS (gemm's activation rows per CTA), CHUNK_QUADS (the chunk of docs/design.md §2.6 in quads), GROUPED (rows sorted by
-// expert, tiles from device-side metadata), GATHER (activation row per output row), OUT_BF16 (bf16
-// output, else float32), MAX_THREADS (the CTA size gemv's registers are planned for: its tile's warps, at
-// least gemm's; gemm plans for its own WARPS warps, so a gemv tile never changes gemm's code).
+// GROUPS (gemv's column groups per warp), COLUMN_WARPS (gemv's warps side by side along N), STAGE, WARPS,
+// TILE_ROWS (gemm's activation rows per CTA), CHUNK_QUADS (the chunk of docs/design.md §2.6 in quads),
+// GROUPED (rows sorted by expert, tiles from device-side metadata), GATHER (activation row per output row),
+// OUT_BF16 (bf16 output, else float32), MAX_THREADS (the CTA size gemv's registers are planned for: its
+// tile's warps x column warps, at least gemm's; gemm plans for its own WARPS warps, so a gemv tile never
+// changes gemm's code).
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -172,7 +175,7 @@ __device__ __forceinline__ i64 source_row(const i64* x_rows, int r) {
 }
 
 #define ROWS (NT * 8)
-#define COLS (GROUPS * 16)
+#define COLS (COLUMN_WARPS * GROUPS * 16)  // the CTA's output columns
 
 // cp.async of 16 or 8 bytes from global to shared memory; `ok` false reads nothing and zero-fills the
 // destination (source size 0), so quads past K and rows past the tile read as zeros there too.
@@ -202,7 +205,7 @@ __device__ __forceinline__ void zero_sums(float acc[GROUPS][NT][4]) {
             for (int i = 0; i < 4; ++i) acc[h][t][i] = 0.0f;
 }
 
-// acc += one quad's products for the CTA's column groups: the quad's weight words and block scales per
+// acc += one quad's products for the warp's column groups: the quad's weight words and block scales per
 // group, and the activations of its four blocks per n8 tile.
 __device__ __forceinline__ void quad_products(float acc[GROUPS][NT][4], const Words wq[GROUPS], const Pair sq[GROUPS],
                                               const Pair xq[NT][4]) {
@@ -241,13 +244,15 @@ extern "C" __global__ void __launch_bounds__(MAX_THREADS) nvfp4_fragment_gemv(
     const int* __restrict__ tile_expert, const int* __restrict__ tile_start, const int* __restrict__ tile_end,
     const int* __restrict__ num_tiles, int rows_total, int n, int k, int groups, int quads) {
     extern __shared__ __align__(16) float partial[];  // [chunks][ROWS][COLS], then with STAGE each warp's ring
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const int grp = lane >> 2, c = lane & 3;
+    const int lane = threadIdx.x & 31, grp = lane >> 2, c = lane & 3;
+    // warp: the warp's place among those that split K; column: its column of warps along N
+    const int column = (threadIdx.x >> 5) % COLUMN_WARPS, warp = (threadIdx.x >> 5) / COLUMN_WARPS;
+    const int warps = (blockDim.x >> 5) / COLUMN_WARPS;
     int expert, row_start, row_end;
     bool live;
     tile_rows(ROWS, rows_total, tile_expert, tile_start, tile_end, num_tiles, expert, row_start, row_end, live);
     if (!live) return;
-    const int g0 = blockIdx.y * GROUPS;
+    const int cta_g0 = blockIdx.y * (COLS / 16), g0 = cta_g0 + column * GROUPS;
     const int blocks = k / 16;
     const int chunks = (quads + CHUNK_QUADS - 1) / CHUNK_QUADS;
 
@@ -266,7 +271,7 @@ extern "C" __global__ void __launch_bounds__(MAX_THREADS) nvfp4_fragment_gemv(
     bool gok[GROUPS];
 #pragma unroll
     for (int h = 0; h < GROUPS; ++h) {
-        gok[h] = GROUPS == 1 || g0 + h < groups;
+        gok[h] = COLS == 16 || g0 + h < groups;
         const i64 gi = ((i64)expert * groups + (gok[h] ? g0 + h : 0)) * quads;
         wbase[h] = w_words + gi * 32 + lane;
         sbase[h] = w_scales + gi * 8 + grp;
@@ -276,7 +281,7 @@ extern "C" __global__ void __launch_bounds__(MAX_THREADS) nvfp4_fragment_gemv(
     // The warp's quads in order (chunks warp, warp + warps, ...) through the lane's ring: quad i + PREFETCH - 1's
     // operands are in flight while quad i is summed. A lane reads back only what it copied itself, so its own
     // wait_group orders the two: no barrier.
-    char* ring = (char*)(partial + (i64)chunks * ROWS * COLS) + (i64)warp * PREFETCH * SLOT_BYTES;
+    char* ring = (char*)(partial + (i64)chunks * ROWS * COLS) + (i64)(threadIdx.x >> 5) * PREFETCH * SLOT_BYTES;
     const int owned = (chunks - warp + warps - 1) / warps;  // chunks of this warp
     const int sequence = owned * CHUNK_QUADS;
     auto issue = [&](int i) {
@@ -366,7 +371,7 @@ extern "C" __global__ void __launch_bounds__(MAX_THREADS) nvfp4_fragment_gemv(
         for (int h = 0; h < GROUPS; ++h)
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                const int r0 = t * 8 + 2 * c, col = h * 16 + grp;
+                const int r0 = t * 8 + 2 * c, col = (column * GROUPS + h) * 16 + grp;
                 mine[r0 * COLS + col] = acc[h][t][0];
                 mine[(r0 + 1) * COLS + col] = acc[h][t][1];
                 mine[r0 * COLS + col + 8] = acc[h][t][2];
@@ -378,7 +383,7 @@ extern "C" __global__ void __launch_bounds__(MAX_THREADS) nvfp4_fragment_gemv(
     const float gw = w_g[expert];
     for (int idx = threadIdx.x; idx < COLS * ROWS; idx += blockDim.x) {
         const int row = idx / COLS, col = idx % COLS;
-        const int nn = g0 * 16 + col, r = row_start + row;
+        const int nn = cta_g0 * 16 + col, r = row_start + row;
         if (nn >= n || r >= row_end) continue;
         float total = 0.0f;
         for (int ch = 0; ch < chunks; ++ch) total = add_rn(total, partial[((i64)ch * ROWS + row) * COLS + col]);

@@ -26,21 +26,24 @@ from ..reference import block_gemm
 
 SOURCE = pathlib.Path(__file__).with_name("fragment_gemm.cu")
 CHUNK_QUADS = block_gemm.CHUNK_BLOCKS // 4  # docs/design.md §2.6's chunk, in quads of 4 blocks
-# gemv tiles: (activation rows per CTA, quads whose loads a warp issues together, warps per CTA at most, column
-# groups per CTA, staged), by rows per CTA and, within them, in order of preference. Launch parameters only (every
-# choice gives the same bits), from benchmarks/gemm_backends_gpu.py --sweep: h200_gemm_sweep.json, then on the
-# H100 h100_gemv_column_groups_sweep.json (four column groups at 32 rows), h100_gemv_warps16_sweep.json
-# (--warps 8 16: two groups over 16 warps at 8 rows, one chunk of K per warp up to K = 8192) and
-# h100_gemv_warps4_8_sweep.json (--warps 4 8: the one-group 32-row tile takes 8 warps, which at K <= 2048
-# launches as the 4-warp tile it replaced; two groups at 32 rows never won).
+# gemv tiles: (activation rows per CTA, quads whose loads a warp issues together, warps splitting K at most, column
+# groups per warp, staged, column warps: warps side by side along N, each with its own column groups), by rows
+# per CTA and, within them, in order of preference. Launch parameters only (every choice gives the same bits),
+# from benchmarks/gemm_backends_gpu.py --sweep: h200_gemm_sweep.json, then on the H100
+# h100_gemv_column_groups_sweep.json (four column groups at 32 rows), h100_gemv_warps16_sweep.json (--warps 8 16:
+# two groups over 16 warps at 8 rows, one chunk of K per warp up to K = 8192), h100_gemv_warps4_8_sweep.json
+# (--warps 4 8: the one-group 32-row tile takes 8 warps, which at K <= 2048 launches as the 4-warp tile it
+# replaced) and h100_gemv_column_warps_32rows_sweep.json (the CTA's four column groups as two column warps of
+# two groups: 4-7% faster than one warp of four at 33-64 rows; column warps lost at 8 and 16 rows,
+# h100_gemv_column_warps_sweep.json).
 GEMV_TILES = (
-    (8, 2, 16, 2, 0), (8, 4, 8, 1, 0),
-    (16, 2, 8, 2, 0), (16, 2, 8, 1, 0),
-    (32, 1, 8, 4, 0), (32, 2, 8, 1, 0),
+    (8, 2, 16, 2, 0, 1), (8, 4, 8, 1, 0, 1),
+    (16, 2, 8, 2, 0, 1), (16, 2, 8, 1, 0, 1),
+    (32, 2, 8, 2, 0, 2), (32, 2, 8, 1, 0, 1),
 )  # fmt: skip
 # A tile of several column groups serves only products that still launch this many CTAs (row tiles × column
-# CTAs). H100, same sweep, 32 rows per CTA: 8192 x 7168 at M = 32 (four groups: 128 CTAs) 35.7 us against
-# 47.8 with one group; 4096 x 4096 at M = 64 (128 CTAs) 21.5 against 30.7, but at M = 32 (64 CTAs) 21.1
+# CTAs). H100, h100_gemv_column_groups_sweep.json, 32 rows per CTA: 8192 x 7168 at M = 32 (four groups: 128 CTAs)
+# 35.7 us against 47.8 with one group; 4096 x 4096 at M = 64 (128 CTAs) 21.5 against 30.7, but at M = 32 (64 CTAs) 21.1
 # against 16.9; 1536 x 2048 always one group. Grouped products keep one group per CTA: their CTA count is set
 # on the device by the routing, and several groups were never swept for them.
 MIN_COLUMN_GROUP_CTAS = 128
@@ -52,7 +55,7 @@ MIN_COLUMN_GROUP_CTAS = 128
 # limit 0.95 / 0.88 / 0.79x on 6144 x 4096, 0.98 / 0.91 / 0.72x on 8192 x 4096 and 0.78 / 0.78 / 0.73x on
 # 8192 x 7168, whose weight reads keep DRAM busy enough that the ring's extra instructions cost more than its
 # deeper prefetch buys. 32 rows: slower everywhere measured (h100_gemv_staged_ab.log).
-STAGED_GEMV_TILES = ((8, 4, 16, 2, 1), (8, 4, 8, 1, 1), (16, 4, 8, 2, 1), (16, 4, 8, 1, 1))
+STAGED_GEMV_TILES = ((8, 4, 16, 2, 1, 1), (8, 4, 8, 1, 1, 1), (16, 4, 8, 2, 1, 1), (16, 4, 8, 1, 1, 1))
 STAGED_MAX_ELEMENTS = 1 << 24
 GEMM_ROWS = 64  # activation rows per CTA of gemm: 8 n8 tiles per warp
 GEMM_WARPS = 8  # column groups (warps) per CTA of gemm
@@ -83,7 +86,7 @@ def _rows_per_cta(rows: float) -> int:
 
 def gemv_tile(
     rows: float, groups: int, k: int, shared_bytes: int, grouped: bool = False, staged: bool = True
-) -> tuple[int, int, int, int, int] | None:
+) -> tuple[int, int, int, int, int, int] | None:
     """gemv's tile for ``rows`` activation rows per weight matrix of ``groups`` column groups (N / 16) and
     ``k``: the first entry of ``rows``' rows per CTA — among :data:`STAGED_GEMV_TILES` then :data:`GEMV_TILES` for a
     dense product (not ``grouped``) of at most :data:`STAGED_MAX_ELEMENTS` weight elements, else among
@@ -97,26 +100,31 @@ def gemv_tile(
     for tile in (STAGED_GEMV_TILES if staged else ()) + GEMV_TILES:
         if tile[0] != size or _gemv_shared_bytes(tile, k) > shared_bytes:
             continue
-        column_groups = tile[3]
+        column_groups = cta_column_groups(tile)
         ctas = row_tiles * -(-groups // column_groups)
         if column_groups == 1 or (not grouped and groups >= column_groups and ctas >= MIN_COLUMN_GROUP_CTAS):
             return tile
     return None
 
 
-def _gemv_warps(tile: tuple[int, int, int, int, int], k: int) -> int:
-    """Warps one gemv CTA launches with: one per chunk of K, at most the tile's."""
-    return min(-(-k // (CHUNK_QUADS * 64)), tile[2])
+def cta_column_groups(tile: tuple[int, int, int, int, int, int]) -> int:
+    """Column groups (16 output columns each) one gemv CTA of ``tile`` covers: its column warps' groups."""
+    return tile[3] * tile[5]
 
 
-def _gemv_shared_bytes(tile: tuple[int, int, int, int, int], k: int) -> int:
+def _gemv_warps(tile: tuple[int, int, int, int, int, int], k: int) -> int:
+    """Warps one gemv CTA launches with: per column warp, one per chunk of K, at most the tile's."""
+    return min(-(-k // (CHUNK_QUADS * 64)), tile[2]) * tile[5]
+
+
+def _gemv_shared_bytes(tile: tuple[int, int, int, int, int, int], k: int) -> int:
     """Shared memory of one gemv CTA, bytes: a float32 sum per chunk of K for its rows × 16 weight rows per
     column group, and for a staged tile each launched warp's ring of ``prefetch`` slots (``SLOT_BYTES`` of
     fragment_gemm.cu: per lane 24 bytes of weight words and scales per group, 32 of activations per n8 tile)."""
-    rows, prefetch, _, column_groups, staged = tile
+    rows, prefetch, _, column_groups, staged, _ = tile
     slot = 32 * (24 * column_groups + 32 * (rows // 8))
     ring = _gemv_warps(tile, k) * prefetch * slot if staged else 0
-    return -(-k // (CHUNK_QUADS * 64)) * rows * 16 * column_groups * 4 + ring
+    return -(-k // (CHUNK_QUADS * 64)) * rows * 16 * cta_column_groups(tile) * 4 + ring
 
 
 @functools.cache
@@ -133,7 +141,7 @@ def shared_limit(device: torch.device) -> int:
     return _shared_limit(_index(device))
 
 
-def tile_fits(tile: tuple[int, int, int, int, int], k: int, device: torch.device) -> bool:
+def tile_fits(tile: tuple[int, int, int, int, int, int], k: int, device: torch.device) -> bool:
     """Whether gemv's shared memory for ``tile`` and ``k`` (chunk sums, and a staged tile's rings) fits a CTA's
     on CUDA ``device``."""
     return _gemv_shared_bytes(tile, k) <= shared_limit(device)
@@ -146,35 +154,42 @@ def gemv_fits(rows_per_matrix: float, k: int, device: torch.device) -> bool:
     return gemv_tile(rows_per_matrix, 1, k, shared_limit(device)) is not None
 
 
-def tile_builds(tile: tuple[int, int, int, int, int]) -> bool:
-    """Whether ``tile`` makes a kernel: a staged tile's ring needs at least two slots (``prefetch`` >= 2)."""
-    return not (tile[4] and tile[1] < 2)
+def tile_builds(tile: tuple[int, int, int, int, int, int]) -> bool:
+    """Whether ``tile`` makes a kernel: its counts (rows, prefetch, warps, groups, column warps) are positive, a
+    staged tile's ring needs at least two slots (``prefetch`` >= 2), and a CTA has at most 32 warps (warps ×
+    column warps)."""
+    counts = (tile[0], tile[1], tile[2], tile[3], tile[5])
+    return min(counts) >= 1 and not (tile[4] and tile[1] < 2) and tile[2] * tile[5] <= 32
 
 
-def source(tile: tuple[int, int, int, int, int], grouped: bool, gather: bool, bf16: bool) -> str:
+def source(tile: tuple[int, int, int, int, int, int], grouped: bool, gather: bool, bf16: bool) -> str:
     """The CUDA source of both kernels for one gemv tile and one operand form: :data:`SOURCE` after the
     ``#define`` lines of its macros."""
-    rows, prefetch, warps, column_groups, staged = tile
+    rows, prefetch, warps, column_groups, staged, column_warps = tile
     if not tile_builds(tile):
-        raise ValueError(f"gemv tile {tile}: a staged tile needs a ring of at least two slots (prefetch >= 2)")
+        raise ValueError(
+            f"gemv tile {tile}: its counts must be positive, a staged tile needs a ring of at least two slots "
+            "(prefetch >= 2), and a CTA at most 32 warps (warps x column warps)"
+        )
     defines = {
         "NT": rows // 8,
         "PREFETCH": prefetch,
         "GROUPS": column_groups,
+        "COLUMN_WARPS": column_warps,
         "WARPS": GEMM_WARPS,
         "TILE_ROWS": GEMM_ROWS,
         "CHUNK_QUADS": CHUNK_QUADS,
         "GROUPED": int(grouped),
         "GATHER": int(gather),
         "OUT_BF16": int(bf16),
-        "MAX_THREADS": 32 * max(warps, GEMM_WARPS),
+        "MAX_THREADS": 32 * max(warps * column_warps, GEMM_WARPS),
         "STAGE": int(staged),
     }
     return "".join(f"#define {name} {value}\n" for name, value in defines.items()) + SOURCE.read_text()
 
 
 @functools.cache
-def _module(tile: tuple[int, int, int, int, int], grouped: bool, gather: bool, bf16: bool, device_index: int):
+def _module(tile: tuple[int, int, int, int, int, int], grouped: bool, gather: bool, bf16: bool, device_index: int):
     """``(gemv, gemm)`` compiled for one gemv tile and one operand form; gemv may take as much shared memory
     as a CTA can opt in to (set once here, so a captured CUDA graph never sees the limit change)."""
     text = source(tile, grouped, gather, bf16)
@@ -207,7 +222,7 @@ def launch(
     x_rows: torch.Tensor | None = None,
     tiles: tuple[torch.Tensor, ...] | None = None,
     grid_rows: int | None = None,
-    tile: tuple[int, int, int, int, int] | None = None,
+    tile: tuple[int, int, int, int, int, int] | None = None,
 ) -> None:
     """Run one of the kernels into ``out [R, N]`` (float32 or bfloat16), on ``x``'s device and current stream.
 
@@ -242,7 +257,7 @@ def launch(
     with torch.cuda.device(x.device):  # the launch goes to the current stream of the current device
         if gemv:
             shared = _gemv_shared_bytes(tile, fragments.k)
-            grid = (grid_rows, -(-groups // tile[3]), 1)
+            grid = (grid_rows, -(-groups // cta_column_groups(tile)), 1)
             block = (32 * _gemv_warps(tile, fragments.k), 1, 1)
             gemv_kernel(grid=grid, block=block, args=args, shared_mem=shared)
         else:

@@ -101,79 +101,93 @@ def test_every_kernel_gives_the_reference_bits_on_cuda(out_dtype, m, n, k):
     assert_same_bits(ref, gemm.matmul(qx, prepared, out_dtype=out_dtype), "dispatch")
 
 
-# every gemv tile, direct and staged, and two more of several column groups, over weights whose column groups
-# do not fill the last CTA (K = 3072 makes (32, 1, 8, 4)'s chunk sums exactly the 48 KB a CTA gets without
-# opting in)
-TEST_TILES = sorted(
-    set(fragment_gemm.GEMV_TILES) | set(fragment_gemm.STAGED_GEMV_TILES) | {(16, 2, 8, 4, 0), (32, 4, 4, 4, 0)}
-)
+# every gemv tile, direct and staged, three more of several column groups in one warp and three of several column
+# warps (one staged), over weights whose column groups do not fill the last CTA (K = 3072 makes the chunk sums of
+# a 32-row CTA of four groups exactly the 48 KB a CTA gets without opting in)
+MORE_TILES = {(16, 2, 8, 4, 0, 1), (32, 4, 4, 4, 0, 1), (32, 1, 8, 4, 0, 1)}
+MORE_TILES |= {(32, 2, 4, 1, 0, 4), (16, 1, 2, 2, 0, 2), (8, 4, 4, 1, 1, 2)}
+TEST_TILES = sorted(set(fragment_gemm.GEMV_TILES) | set(fragment_gemm.STAGED_GEMV_TILES) | MORE_TILES)
 HOPPER_SHARED = 232448  # bytes a CTA may opt in to on sm_90
 
 
 def test_gemv_takes_several_column_groups_only_where_the_product_keeps_enough_ctas():
     # CTAs = row tiles x column CTAs, at least MIN_COLUMN_GROUP_CTAS = 128 for a tile of several groups
-    assert fragment_gemm.gemv_tile(32, 512, 7168, HOPPER_SHARED) == (32, 1, 8, 4, 0)  # 8192 rows: 128 CTAs
-    assert fragment_gemm.gemv_tile(32, 509, 7168, HOPPER_SHARED) == (32, 1, 8, 4, 0)  # the last CTA part empty
-    assert fragment_gemm.gemv_tile(32, 508, 7168, HOPPER_SHARED) == (32, 2, 8, 1, 0)  # 127 CTAs of four
-    assert fragment_gemm.gemv_tile(32, 256, 4096, HOPPER_SHARED) == (32, 2, 8, 1, 0)  # 4096 rows, one row tile
-    assert fragment_gemm.gemv_tile(64, 256, 4096, HOPPER_SHARED) == (32, 1, 8, 4, 0)  # two row tiles: 128 CTAs
-    assert fragment_gemm.gemv_tile(33, 256, 4096, HOPPER_SHARED) == (32, 1, 8, 4, 0)  # row tiles round up
-    assert fragment_gemm.gemv_tile(33, 252, 4096, HOPPER_SHARED) == (32, 2, 8, 1, 0)  # 2 x 63 CTAs
-    assert fragment_gemm.gemv_tile(64, 96, 2048, HOPPER_SHARED) == (32, 2, 8, 1, 0)  # 1536 rows
-    assert fragment_gemm.gemv_tile(20, 96, 2048, HOPPER_SHARED) == (32, 2, 8, 1, 0)
-    assert fragment_gemm.gemv_tile(1, 512, 7168, HOPPER_SHARED) == (8, 2, 16, 2, 0)
-    assert fragment_gemm.gemv_tile(8, 512, 4096, HOPPER_SHARED) == (8, 2, 16, 2, 0)
-    assert fragment_gemm.gemv_tile(8, 254, 7168, HOPPER_SHARED) == (8, 4, 8, 1, 0)  # 127 CTAs of two
-    assert fragment_gemm.gemv_tile(9, 4096, 7168, HOPPER_SHARED) == (16, 2, 8, 2, 0)
-    assert fragment_gemm.gemv_tile(16, 96, 2048, HOPPER_SHARED, staged=False) == (16, 2, 8, 1, 0)
-    assert fragment_gemm.gemv_tile(0.5, 512, 4096, HOPPER_SHARED) == (8, 2, 16, 2, 0)
-    assert fragment_gemm.gemv_tile(4097, 2, 4096, HOPPER_SHARED) == (32, 2, 8, 1, 0)  # never more groups than N has
+    assert fragment_gemm.gemv_tile(32, 512, 7168, HOPPER_SHARED) == (32, 2, 8, 2, 0, 2)  # 8192 rows: 128 CTAs
+    assert fragment_gemm.gemv_tile(32, 509, 7168, HOPPER_SHARED) == (32, 2, 8, 2, 0, 2)  # the last CTA part empty
+    assert fragment_gemm.gemv_tile(32, 508, 7168, HOPPER_SHARED) == (32, 2, 8, 1, 0, 1)  # 127 CTAs of four
+    assert fragment_gemm.gemv_tile(32, 256, 4096, HOPPER_SHARED) == (32, 2, 8, 1, 0, 1)  # 4096 rows, one row tile
+    assert fragment_gemm.gemv_tile(64, 256, 4096, HOPPER_SHARED) == (32, 2, 8, 2, 0, 2)  # two row tiles: 128 CTAs
+    assert fragment_gemm.gemv_tile(33, 256, 4096, HOPPER_SHARED) == (32, 2, 8, 2, 0, 2)  # row tiles round up
+    assert fragment_gemm.gemv_tile(33, 252, 4096, HOPPER_SHARED) == (32, 2, 8, 1, 0, 1)  # 2 x 63 CTAs
+    assert fragment_gemm.gemv_tile(64, 96, 2048, HOPPER_SHARED) == (32, 2, 8, 1, 0, 1)  # 1536 rows
+    assert fragment_gemm.gemv_tile(20, 96, 2048, HOPPER_SHARED) == (32, 2, 8, 1, 0, 1)
+    assert fragment_gemm.gemv_tile(1, 512, 7168, HOPPER_SHARED) == (8, 2, 16, 2, 0, 1)
+    assert fragment_gemm.gemv_tile(8, 512, 4096, HOPPER_SHARED) == (8, 2, 16, 2, 0, 1)
+    assert fragment_gemm.gemv_tile(8, 254, 7168, HOPPER_SHARED) == (8, 4, 8, 1, 0, 1)  # 127 CTAs of two
+    assert fragment_gemm.gemv_tile(9, 4096, 7168, HOPPER_SHARED) == (16, 2, 8, 2, 0, 1)
+    assert fragment_gemm.gemv_tile(16, 96, 2048, HOPPER_SHARED, staged=False) == (16, 2, 8, 1, 0, 1)
+    assert fragment_gemm.gemv_tile(0.5, 512, 4096, HOPPER_SHARED) == (8, 2, 16, 2, 0, 1)
+    assert fragment_gemm.gemv_tile(4097, 2, 4096, HOPPER_SHARED) == (32, 2, 8, 1, 0, 1)  # never more groups than N has
 
 
 def test_grouped_products_keep_one_column_group_per_cta():
     for rows, groups in ((0.5, 512), (4.5, 4096), (12, 256), (30, 9496)):
-        assert fragment_gemm.gemv_tile(rows, groups, 4096, HOPPER_SHARED, grouped=True)[3] == 1, (rows, groups)
+        tile = fragment_gemm.gemv_tile(rows, groups, 4096, HOPPER_SHARED, grouped=True)
+        assert fragment_gemm.cta_column_groups(tile) == 1, (rows, groups)
 
 
 def test_gemv_gives_up_column_groups_before_k_and_then_the_product():
     # K = 14336: 28 chunks x 32 rows x 64 columns x 4 bytes = 229376 fits with four groups
-    assert fragment_gemm.gemv_tile(32, 512, 14336, HOPPER_SHARED)[3] == 4
-    assert fragment_gemm.gemv_tile(32, 512, 14336 + 512, HOPPER_SHARED)[3] == 1
-    assert fragment_gemm.gemv_tile(32, 512, 113 * 512, HOPPER_SHARED)[3] == 1  # 113 chunks x 2 KB
+    assert fragment_gemm.cta_column_groups(fragment_gemm.gemv_tile(32, 512, 14336, HOPPER_SHARED)) == 4
+    assert fragment_gemm.cta_column_groups(fragment_gemm.gemv_tile(32, 512, 14336 + 512, HOPPER_SHARED)) == 1
+    assert fragment_gemm.cta_column_groups(fragment_gemm.gemv_tile(32, 512, 113 * 512, HOPPER_SHARED)) == 1
     assert fragment_gemm.gemv_tile(32, 512, 114 * 512, HOPPER_SHARED) is None
-    assert fragment_gemm.gemv_tile(32, 512, 12288, 48 * 1024) == (32, 2, 8, 1, 0)  # without opting in: 12 K
+    assert fragment_gemm.gemv_tile(32, 512, 12288, 48 * 1024) == (32, 2, 8, 1, 0, 1)  # without opting in: 12 K
 
 
 def test_gemv_takes_a_staged_tile_for_dense_products_up_to_the_size_threshold():
     assert fragment_gemm.STAGED_MAX_ELEMENTS == 4096 * 4096  # weight elements, N x K
-    assert fragment_gemm.gemv_tile(1, 256, 4096, HOPPER_SHARED) == (8, 4, 16, 2, 1)  # 4096 x 4096: the limit
-    assert fragment_gemm.gemv_tile(1, 257, 4096, HOPPER_SHARED) == (8, 2, 16, 2, 0)  # one column group over
-    assert fragment_gemm.gemv_tile(8, 128, 4096, HOPPER_SHARED) == (8, 4, 8, 1, 1)  # 64 CTAs of two: one group
-    assert fragment_gemm.gemv_tile(16, 256, 2048, HOPPER_SHARED) == (16, 4, 8, 2, 1)
-    assert fragment_gemm.gemv_tile(9, 96, 2048, HOPPER_SHARED) == (16, 4, 8, 1, 1)
+    assert fragment_gemm.gemv_tile(1, 256, 4096, HOPPER_SHARED) == (8, 4, 16, 2, 1, 1)  # 4096 x 4096: the limit
+    assert fragment_gemm.gemv_tile(1, 257, 4096, HOPPER_SHARED) == (8, 2, 16, 2, 0, 1)  # one column group over
+    assert fragment_gemm.gemv_tile(8, 128, 4096, HOPPER_SHARED) == (8, 4, 8, 1, 1, 1)  # 64 CTAs of two: one group
+    assert fragment_gemm.gemv_tile(16, 256, 2048, HOPPER_SHARED) == (16, 4, 8, 2, 1, 1)
+    assert fragment_gemm.gemv_tile(9, 96, 2048, HOPPER_SHARED) == (16, 4, 8, 1, 1, 1)
     assert fragment_gemm.gemv_tile(17, 96, 2048, HOPPER_SHARED)[4] == 0  # no staged tile at 32 rows
     assert fragment_gemm.gemv_tile(1, 256, 4096, HOPPER_SHARED, grouped=True)[4] == 0  # MoE products: never
-    assert fragment_gemm.gemv_tile(1, 256, 4096, HOPPER_SHARED, staged=False) == (8, 2, 16, 2, 0)
+    assert fragment_gemm.gemv_tile(1, 256, 4096, HOPPER_SHARED, staged=False) == (8, 2, 16, 2, 0, 1)
     # the ring's shared memory on top of the chunk sums: a K whose staged tile no longer fits takes a direct one
-    assert fragment_gemm.gemv_tile(1, 1, 400 * 512, HOPPER_SHARED) == (8, 4, 8, 1, 0)
-    assert fragment_gemm.gemv_tile(1, 1, 300 * 512, HOPPER_SHARED) == (8, 4, 8, 1, 1)
+    assert fragment_gemm.gemv_tile(1, 1, 400 * 512, HOPPER_SHARED) == (8, 4, 8, 1, 0, 1)
+    assert fragment_gemm.gemv_tile(1, 1, 300 * 512, HOPPER_SHARED) == (8, 4, 8, 1, 1, 1)
     # a ring per launched warp (one per chunk of K), not per warp the tile allows: at K = 512 one warp's
     # 4 slots x 1792 bytes + 512 of chunk sums fit 8 KB, eight warps' would not
-    assert fragment_gemm.gemv_tile(1, 1, 512, 8192) == (8, 4, 8, 1, 1)
-    assert fragment_gemm.gemv_tile(1, 1, 1024, 8192) == (8, 4, 8, 1, 0)
+    assert fragment_gemm.gemv_tile(1, 1, 512, 8192) == (8, 4, 8, 1, 1, 1)
+    assert fragment_gemm.gemv_tile(1, 1, 1024, 8192) == (8, 4, 8, 1, 0, 1)
 
 
 def test_the_shared_memory_planned_for_a_staged_tile_is_what_the_kernel_addresses():
-    # the kernel's chunk sums, then one ring of PREFETCH slots of SLOT_BYTES per launched warp (one per chunk
-    # of K, at most the tile's): SLOT_BYTES read from fragment_gemm.cu, so the two sizes cannot drift apart
+    # the kernel's chunk sums, then one ring of PREFETCH slots of SLOT_BYTES per launched warp (per column
+    # warp, one per chunk of K, at most the tile's): SLOT_BYTES read from fragment_gemm.cu, so the two sizes
+    # cannot drift apart
     slot = re.search(r"#define SLOT_BYTES (\(.*\))", fragment_gemm.SOURCE.read_text()).group(1)
-    for tile in fragment_gemm.STAGED_GEMV_TILES:
-        rows, prefetch, warps, groups, _ = tile
+    for tile in (*fragment_gemm.STAGED_GEMV_TILES, (8, 4, 4, 1, 1, 2), (16, 2, 2, 2, 1, 4)):
+        rows, prefetch, warps, groups, _, columns = tile
         slot_bytes = eval(slot.replace("GROUPS", str(groups)).replace("NT", str(rows // 8)))
         for k in (512, 2048, 7168, 20480):
             chunks = -(-k // 512)
-            expected = chunks * rows * 16 * groups * 4 + min(chunks, warps) * prefetch * slot_bytes
+            sums = chunks * rows * 16 * groups * columns * 4
+            expected = sums + min(chunks, warps) * columns * prefetch * slot_bytes
             assert fragment_gemm._gemv_shared_bytes(tile, k) == expected, (tile, k)
+
+
+def test_column_warps_count_as_column_groups_of_the_cta():
+    # four column warps of one group: 128 CTAs on 8192 columns, as four groups of one warp
+    assert fragment_gemm.cta_column_groups((32, 2, 4, 1, 0, 4)) == 4
+    assert fragment_gemm.cta_column_groups((16, 2, 4, 2, 0, 2)) == 4
+    assert fragment_gemm._gemv_warps((32, 2, 4, 1, 0, 4), 7168) == 16  # 4 of 14 chunks x 4 columns
+    assert fragment_gemm._gemv_warps((32, 2, 8, 1, 0, 4), 1024) == 8  # 2 chunks x 4 columns
+    assert fragment_gemm.tile_builds((8, 1, 8, 1, 0, 4)) and fragment_gemm.tile_builds((8, 1, 16, 1, 0, 2))
+    assert not fragment_gemm.tile_builds((8, 1, 16, 1, 0, 4))  # 64 warps: past a CTA's 32
+    assert not fragment_gemm.tile_builds((8, 1, 4, 1, 0, 0)) and not fragment_gemm.tile_builds((8, 1, 4, 0, 0, 1))
 
 
 def test_grouped_row_tiles_are_built_for_the_rows_of_the_tile_gemv_takes():
@@ -185,7 +199,8 @@ def test_grouped_row_tiles_are_built_for_the_rows_of_the_tile_gemv_takes():
 
 def test_every_row_count_of_the_gemv_tiles_ends_with_a_one_group_tile():
     for size in {tile[0] for tile in fragment_gemm.GEMV_TILES}:
-        assert [tile for tile in fragment_gemm.GEMV_TILES if tile[0] == size][-1][3] == 1, size
+        last = [tile for tile in fragment_gemm.GEMV_TILES if tile[0] == size][-1]
+        assert fragment_gemm.cta_column_groups(last) == 1, size
 
 
 @pytest.mark.gpu

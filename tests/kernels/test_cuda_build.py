@@ -18,6 +18,8 @@ FORMS = list(itertools.product([False, True], repeat=3))  # grouped, gather, bf1
 KERNELS = ("nvfp4_fragment_gemv", "nvfp4_fragment_gemm")
 BUILDS = [(tile, *form) for tile in fragment_gemm.GEMV_TILES for form in FORMS]
 BUILDS += [(tile, False, False, bf16) for tile in fragment_gemm.STAGED_GEMV_TILES for bf16 in (False, True)]
+COLUMN_WARP_TILES = ((32, 2, 4, 1, 0, 4), (8, 4, 4, 1, 1, 2))  # warps side by side along N, direct and staged
+BUILDS += [(tile, False, False, True) for tile in COLUMN_WARP_TILES]
 
 
 @pytest.mark.parametrize("tile,grouped,gather,bf16", BUILDS)
@@ -40,10 +42,15 @@ def test_a_source_nvrtc_rejects_is_reported_with_its_log():
         compile_cubin(source, fragment_gemm.NVRTC_OPTIONS, 90)
 
 
+def test_a_cta_of_more_than_32_warps_is_refused():
+    with pytest.raises(ValueError, match="32 warps"):
+        fragment_gemm.source((8, 1, 16, 1, 0, 4), False, False, True)
+
+
 def test_a_staged_tile_of_one_slot_is_refused():
     with pytest.raises(ValueError, match="two slots"):
-        fragment_gemm.source((8, 1, 8, 1, 1), False, False, True)
-    source = fragment_gemm.source((8, 2, 8, 1, 1), False, False, True)
+        fragment_gemm.source((8, 1, 8, 1, 1, 1), False, False, True)
+    source = fragment_gemm.source((8, 2, 8, 1, 1, 1), False, False, True)
     source = source.replace("#define PREFETCH 2", "#define PREFETCH 1")
     with pytest.raises(BuildError, match="two slots"):
         compile_cubin(source, fragment_gemm.NVRTC_OPTIONS, 90)
