@@ -34,7 +34,7 @@ CHUNK_QUADS = block_gemm.CHUNK_BLOCKS // 4  # docs/design.md §2.6's chunk, in q
 # two groups over 16 warps at 8 rows, one chunk of K per warp up to K = 8192), h100_gemv_warps4_8_sweep.json
 # (--warps 4 8: the one-group 32-row tile takes 8 warps, which at K <= 2048 launches as the 4-warp tile it
 # replaced) and h100_gemv_column_warps_32rows_sweep.json (the CTA's four column groups as two column warps of
-# two groups: 4-7% faster than one warp of four at 33-64 rows; column warps lost at 8 and 16 rows,
+# two groups: 2-7% faster than one warp of four at 33-64 rows; column warps lost at 1 and 8 rows, tied at 16,
 # h100_gemv_column_warps_sweep.json).
 GEMV_TILES = (
     (8, 2, 16, 2, 0, 1), (8, 4, 8, 1, 0, 1),
