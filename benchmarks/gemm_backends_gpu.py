@@ -30,7 +30,7 @@ DENSE_ROWS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 256, 1024, 4096)
 TRITON_ROWS = 8  # the portable Triton kernel is timed up to here (one dot per block: far slower beyond)
 EXPERTS, HIDDEN, INTER = 128, 2048, 768
 GROUPED_ROWS_PER_EXPERT = (1, 2, 4, 8, 16, 32, 64)
-SWEEP = {  # each launch parameter's values the sweep tries unless its option names others
+SWEEP = {  # each launch parameter's values the sweep tries unless its option names others; in the tile's order
     "prefetch": (1, 2, 4),
     "warps": (4, 8),
     "groups": (1, 2, 4),
@@ -41,11 +41,10 @@ SWEEP_SHAPES = ((8192, 7168), (4096, 4096), (1536, 2048))
 SWEEP_ROWS = (1, 8, 16, 32, 64)
 
 
-def sweep_tiles(values: dict[str, tuple[int, ...]]) -> tuple[tuple[int, int, int, int, int, int], ...]:
+def sweep_tiles(values: dict[str, tuple[int, ...]]) -> tuple[fragment_gemm.GemvTile, ...]:
     """The gemv tiles ``--sweep`` times: rows per CTA × the product of ``values``' prefetch quads, warps splitting
     K, column groups per warp, staged or not and column warps (tiles that build: ``fragment_gemm.tile_builds``)."""
-    names = ("prefetch", "warps", "groups", "staged", "column_warps")  # the tile's order after rows per CTA
-    tiles = itertools.product((8, 16, 32), *(values[name] for name in names))
+    tiles = itertools.product((8, 16, 32), *(values[name] for name in SWEEP))
     return tuple(tile for tile in tiles if fragment_gemm.tile_builds(tile))
 
 
@@ -149,7 +148,7 @@ def _grouped(n: int, k: int) -> list[dict]:
     return rows
 
 
-def sweep(values: dict[str, tuple[int, ...]], shapes, ms) -> list[dict]:
+def sweep(values: dict[str, tuple[int, ...]], shapes: list[tuple[int, int]], ms: list[int]) -> list[dict]:
     """gemv's launch parameters (:func:`sweep_tiles` of ``values``, and the default tiles beside them) on
     ``shapes`` (N, K) at ``ms`` rows; every one gives gemm's bits (checked). Each M tries the tiles of its default
     row count whose chunk sums fit a CTA's shared memory."""

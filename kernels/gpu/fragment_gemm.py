@@ -26,6 +26,7 @@ from ..reference import block_gemm
 
 SOURCE = pathlib.Path(__file__).with_name("fragment_gemm.cu")
 CHUNK_QUADS = block_gemm.CHUNK_BLOCKS // 4  # docs/design.md §2.6's chunk, in quads of 4 blocks
+GemvTile = tuple[int, int, int, int, int, int]  # the fields GEMV_TILES' comment names, in its order
 # gemv tiles: (activation rows per CTA, quads whose loads a warp issues together, warps splitting K at most, column
 # groups per warp, staged, column warps: warps side by side along N, each with its own column groups), by rows
 # per CTA and, within them, in order of preference. Launch parameters only (every choice gives the same bits),
@@ -86,7 +87,7 @@ def _rows_per_cta(rows: float) -> int:
 
 def gemv_tile(
     rows: float, groups: int, k: int, shared_bytes: int, grouped: bool = False, staged: bool = True
-) -> tuple[int, int, int, int, int, int] | None:
+) -> GemvTile | None:
     """gemv's tile for ``rows`` activation rows per weight matrix of ``groups`` column groups (N / 16) and
     ``k``: the first entry of ``rows``' rows per CTA — among :data:`STAGED_GEMV_TILES` then :data:`GEMV_TILES` for a
     dense product (not ``grouped``) of at most :data:`STAGED_MAX_ELEMENTS` weight elements, else among
@@ -107,17 +108,17 @@ def gemv_tile(
     return None
 
 
-def cta_column_groups(tile: tuple[int, int, int, int, int, int]) -> int:
+def cta_column_groups(tile: GemvTile) -> int:
     """Column groups (16 output columns each) one gemv CTA of ``tile`` covers: its column warps' groups."""
     return tile[3] * tile[5]
 
 
-def _gemv_warps(tile: tuple[int, int, int, int, int, int], k: int) -> int:
+def _gemv_warps(tile: GemvTile, k: int) -> int:
     """Warps one gemv CTA launches with: per column warp, one per chunk of K, at most the tile's."""
     return min(-(-k // (CHUNK_QUADS * 64)), tile[2]) * tile[5]
 
 
-def _gemv_shared_bytes(tile: tuple[int, int, int, int, int, int], k: int) -> int:
+def _gemv_shared_bytes(tile: GemvTile, k: int) -> int:
     """Shared memory of one gemv CTA, bytes: a float32 sum per chunk of K for its rows × 16 weight rows per
     column group, and for a staged tile each launched warp's ring of ``prefetch`` slots (``SLOT_BYTES`` of
     fragment_gemm.cu: per lane 24 bytes of weight words and scales per group, 32 of activations per n8 tile)."""
@@ -141,7 +142,7 @@ def shared_limit(device: torch.device) -> int:
     return _shared_limit(_index(device))
 
 
-def tile_fits(tile: tuple[int, int, int, int, int, int], k: int, device: torch.device) -> bool:
+def tile_fits(tile: GemvTile, k: int, device: torch.device) -> bool:
     """Whether gemv's shared memory for ``tile`` and ``k`` (chunk sums, and a staged tile's rings) fits a CTA's
     on CUDA ``device``."""
     return _gemv_shared_bytes(tile, k) <= shared_limit(device)
@@ -154,15 +155,14 @@ def gemv_fits(rows_per_matrix: float, k: int, device: torch.device) -> bool:
     return gemv_tile(rows_per_matrix, 1, k, shared_limit(device)) is not None
 
 
-def tile_builds(tile: tuple[int, int, int, int, int, int]) -> bool:
+def tile_builds(tile: GemvTile) -> bool:
     """Whether ``tile`` makes a kernel: its counts (rows, prefetch, warps, groups, column warps) are positive, a
     staged tile's ring needs at least two slots (``prefetch`` >= 2), and a CTA has at most 32 warps (warps ×
     column warps)."""
-    counts = (tile[0], tile[1], tile[2], tile[3], tile[5])
-    return min(counts) >= 1 and not (tile[4] and tile[1] < 2) and tile[2] * tile[5] <= 32
+    return min(tile[:4] + tile[5:]) >= 1 and not (tile[4] and tile[1] < 2) and tile[2] * tile[5] <= 32
 
 
-def source(tile: tuple[int, int, int, int, int, int], grouped: bool, gather: bool, bf16: bool) -> str:
+def source(tile: GemvTile, grouped: bool, gather: bool, bf16: bool) -> str:
     """The CUDA source of both kernels for one gemv tile and one operand form: :data:`SOURCE` after the
     ``#define`` lines of its macros."""
     rows, prefetch, warps, column_groups, staged, column_warps = tile
@@ -189,7 +189,7 @@ def source(tile: tuple[int, int, int, int, int, int], grouped: bool, gather: boo
 
 
 @functools.cache
-def _module(tile: tuple[int, int, int, int, int, int], grouped: bool, gather: bool, bf16: bool, device_index: int):
+def _module(tile: GemvTile, grouped: bool, gather: bool, bf16: bool, device_index: int):
     """``(gemv, gemm)`` compiled for one gemv tile and one operand form; gemv may take as much shared memory
     as a CTA can opt in to (set once here, so a captured CUDA graph never sees the limit change)."""
     text = source(tile, grouped, gather, bf16)
@@ -222,7 +222,7 @@ def launch(
     x_rows: torch.Tensor | None = None,
     tiles: tuple[torch.Tensor, ...] | None = None,
     grid_rows: int | None = None,
-    tile: tuple[int, int, int, int, int, int] | None = None,
+    tile: GemvTile | None = None,
 ) -> None:
     """Run one of the kernels into ``out [R, N]`` (float32 or bfloat16), on ``x``'s device and current stream.
 

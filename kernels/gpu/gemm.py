@@ -117,7 +117,7 @@ def fragment_matmul(
     qw: NVFP4Tensor,
     out_dtype: torch.dtype,
     gemv: bool | None = None,
-    tile: tuple[int, int, int, int, int, int] | None = None,
+    tile: fragment_gemm.GemvTile | None = None,
 ) -> torch.Tensor:
     """:func:`matmul` through the CUDA fragment kernels. ``gemv``: which kernel (default: by
     :data:`CROSSOVER_ROWS`); ``tile``: a gemv tile other than the default (benchmarks choose their own)."""
