@@ -153,7 +153,8 @@ def _check_compiles(source: Path) -> str | None:
     """Why ``source`` cannot serve as the kernels (it does not compile, or lacks a kernel), or None."""
     _use(source)
     try:
-        fragment_gemm._module(fragment_gemm.GEMV_TILES[0], False, False, True, torch.cuda.current_device())
+        tiles = fragment_gemm.GEMV_TILES[0], fragment_gemm.GEMM_TILES[-1]
+        fragment_gemm._module(*tiles, False, False, True, torch.cuda.current_device())
     except Exception as error:  # NVRTC's compile log or a missing kernel name, whatever the cause
         return f"{type(error).__name__}: {str(error).strip()[:2000]}"
     return None

@@ -34,12 +34,14 @@
 //   (weight words, block scales, activations) through a ring of PREFETCH shared-memory slots with cp.async,
 //   PREFETCH - 1 quads ahead of the quad being summed: more loads in flight for no registers, which pays
 //   where a product is too small to keep DRAM busy (fragment_gemm.py says where it is used).
-// - nvfp4_fragment_gemm (many rows): one CTA per (64 activation rows, WARPS column groups); each warp holds
-//   its column group's running chunk and total sums for the 64 rows; a step of 128 elements of K stages
-//   the 64 rows' activations in shared memory, where every warp reads its B operands.
+// - nvfp4_fragment_gemm (many rows): one CTA per (64 activation rows, WARPS x GEMM_GROUPS column groups); each
+//   warp holds its column groups' running chunk and total sums for the 64 rows. K goes in steps of 128 elements
+//   through a ring of GEMM_STAGES shared-memory stages filled with cp.async GEMM_STAGES - 1 steps ahead: the
+//   64 rows' activations, where every warp reads its B operands, and each warp's own weight words and scales.
 // Macros: NT, PREFETCH (quads whose weight loads a warp issues together, or with STAGE the ring's slots),
 // GROUPS (gemv's column groups per warp), COLUMN_WARPS (gemv's warps side by side along N), STAGE, WARPS,
 // TILE_ROWS (gemm's activation rows per CTA), CHUNK_QUADS (the chunk of docs/design.md §2.6 in quads),
+// GEMM_GROUPS and GEMM_STAGES (gemm's column groups per warp and ring stages),
 // GROUPED (rows sorted by expert, tiles from device-side metadata), GATHER (activation row per output row),
 // OUT_BF16 (bf16 output, else float32), MAX_THREADS (the CTA size gemv's registers are planned for: its
 // tile's warps x column warps, at least gemm's; gemm plans for its own WARPS warps, so a gemv tile never
@@ -392,95 +394,167 @@ extern "C" __global__ void __launch_bounds__(MAX_THREADS) nvfp4_fragment_gemv(
     }
 }
 
-#define STEP 128                      // elements of K staged per step: two quads
-#define X_STRIDE (STEP * 2 + 16)      // bytes per staged row; the pad spreads rows over the banks
+#define STEP 128                  // elements of K staged per step: two quads
+// Bytes per staged activation row: 8 banks of pad put the four rows a half-warp's B operand loads read
+// (8 bytes a lane, two banks) on banks 0-7, 8-15, 16-23 and 24-31, so that they do not conflict.
+#define X_STRIDE (STEP * 2 + 32)
+#define W_BYTES (GEMM_GROUPS * 2 * 576)  // a warp's weight words (512 bytes a quad) and scales (64) per step
+// One stage of gemm's ring: the step's activations for the CTA's rows, then each warp's weight words and scales.
+#define STAGE_BYTES (TILE_ROWS * X_STRIDE + WARPS * W_BYTES)
 
-extern "C" __global__ void __launch_bounds__(32 * WARPS) nvfp4_fragment_gemm(
+// gemm: GEMM_STAGES steps of K in flight per CTA. Every thread copies the same activation pieces (row,
+// 16-byte part) each step and each warp its own column groups' weights, all with cp.async into the step's
+// stage; one barrier per step both publishes a stage and frees the one read a step before, which the
+// copies issued right after it refill. Operands past K, past the tile's rows or past the weight's groups
+// are zero-filled: their products add +0 to sums that are never -0.
+// One group a warp keeps a thread within 128 registers, so that two CTAs share an SM; two groups hold twice the
+// sums and take one CTA an SM.
+extern "C" __global__ void __launch_bounds__(32 * WARPS, GEMM_GROUPS == 1 ? 2 : 1) nvfp4_fragment_gemm(
     const Words* __restrict__ w_words, const Pair* __restrict__ w_scales, const float* __restrict__ w_g,
     const u16* __restrict__ x, const float* __restrict__ x_g, const i64* __restrict__ x_rows,
     out_t* __restrict__ out, const int* __restrict__ tile_expert, const int* __restrict__ tile_start,
     const int* __restrict__ tile_end, const int* __restrict__ num_tiles, int rows_total, int n, int k, int groups,
     int quads) {
-    __shared__ __align__(16) unsigned char staged[TILE_ROWS * X_STRIDE];
+    extern __shared__ __align__(16) unsigned char ring[];  // [GEMM_STAGES][STAGE_BYTES]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int grp = lane >> 2, c = lane & 3;
     int expert, row_start, row_end;
     bool live;
     tile_rows(TILE_ROWS, rows_total, tile_expert, tile_start, tile_end, num_tiles, expert, row_start, row_end, live);
     if (!live) return;  // the whole CTA: no barrier is left waiting
-    const int g = blockIdx.y * WARPS + warp;
-    const bool gok = g < groups;
-    const i64 gi = ((i64)expert * groups + (gok ? g : 0)) * quads;
-    const Words* wbase = w_words + gi * 32 + lane;
-    const Pair* sbase = w_scales + gi * 8 + grp;
-
-    // This thread's share of staging: 16-byte pieces of the 64 rows x 256 bytes of a step.
-    constexpr int PIECES = TILE_ROWS * (STEP * 2 / 16);
-    float acc[8][4], total[8][4];
+    const int g0 = (blockIdx.y * WARPS + warp) * GEMM_GROUPS;
+    const Words* wbase[GEMM_GROUPS];
+    const Pair* sbase[GEMM_GROUPS];
+    bool gok[GEMM_GROUPS];
 #pragma unroll
-    for (int t = 0; t < 8; ++t)
+    for (int h = 0; h < GEMM_GROUPS; ++h) {
+        gok[h] = g0 + h < groups;
+        const i64 gi = ((i64)expert * groups + (gok[h] ? g0 + h : 0)) * quads;
+        wbase[h] = w_words + gi * 32 + lane;
+        sbase[h] = w_scales + gi * 8;
+    }
+    // This thread's activation pieces: 16 bytes (part) of each of the rows threadIdx.x / 16 + 16 i of a step.
+    constexpr int PARTS = STEP * 2 / 16, PIECES = TILE_ROWS * PARTS / (32 * WARPS);
+    static_assert(TILE_ROWS * PARTS % (32 * WARPS) == 0, "a step's activation pieces split evenly over the CTA");
+    const int part = threadIdx.x % PARTS;
+    const u16* xsrc[PIECES];
+    bool xok[PIECES];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[t][i] = total[t][i] = 0.0f;
+    for (int i = 0; i < PIECES; ++i) {
+        const int r = row_start + (int)threadIdx.x / PARTS + i * (32 * WARPS / PARTS);
+        xok[i] = r < row_end;
+        xsrc[i] = x + (xok[i] ? source_row(x_rows, r) : 0) * k;  // a row's start: valid even where nothing is read
+    }
+    // the lane's weight scales to copy: 8 per (group, quad), a lane each (group lane / 16, quad (lane / 8) % 2),
+    // lanes past them copy none; selected, not indexed, so that the arrays stay in registers
+    static_assert(GEMM_GROUPS <= 2, "a warp's 32 lanes copy the scales of at most two column groups");
+    const bool scale_lane = lane < 16 * GEMM_GROUPS, second = lane >= 16;
+    const Pair* const ssrc = (second ? sbase[GEMM_GROUPS - 1] : sbase[0]) + lane % 8;
+    const bool sok = second ? gok[GEMM_GROUPS - 1] : gok[0];
+    const int sq_i = (lane / 8) % 2;
 
     const int steps = (quads + 1) / 2;
-    for (int step = 0; step < steps; ++step) {
-        Words wq[2];
-        Pair sq[2];
+    auto issue = [&](int step) {
+        if (step < steps) {
+            unsigned char* stage = ring + (step % GEMM_STAGES) * STAGE_BYTES;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int q = 2 * step + h;
-            wq[h] = Words{{0u, 0u, 0u, 0u}};
-            sq[h] = Pair{0u, 0u};
-            if (gok && q < quads) {
-                wq[h] = wbase[(i64)q * 32];
-                sq[h] = sbase[(i64)q * 8];
+            for (int i = 0; i < PIECES; ++i) {
+                const int element = step * STEP + part * 8;
+                const bool ok = xok[i] && element < k;
+                const int row = (int)threadIdx.x / PARTS + i * (32 * WARPS / PARTS);
+                copy_async16(stage + row * X_STRIDE + part * 16, xsrc[i] + (ok ? element : 0), ok);
+            }
+            unsigned char* wstage = stage + TILE_ROWS * X_STRIDE + warp * W_BYTES;
+#pragma unroll
+            for (int h = 0; h < GEMM_GROUPS; ++h)
+#pragma unroll
+                for (int qi = 0; qi < 2; ++qi) {
+                    const int q = 2 * step + qi;
+                    const bool ok = gok[h] && q < quads;
+                    copy_async16((Words*)wstage + (h * 2 + qi) * 32 + lane, wbase[h] + (ok ? (i64)q * 32 : 0), ok);
+                }
+            if (scale_lane) {
+                const int q = 2 * step + sq_i;
+                const bool ok = sok && q < quads;
+                copy_async8((Pair*)(wstage + GEMM_GROUPS * 1024) + lane, ssrc + (ok ? (i64)q * 8 : 0), ok);
             }
         }
-        __syncthreads();  // every warp is done with the previous step's rows
-        for (int piece = threadIdx.x; piece < PIECES; piece += blockDim.x) {
-            const int row = piece / (STEP * 2 / 16), part = piece % (STEP * 2 / 16);
-            const int r = row_start + row, element = step * STEP + part * 8;
-            Words v = Words{{0u, 0u, 0u, 0u}};
-            if (r < row_end && element < k) v = *(const Words*)(x + source_row(x_rows, r) * k + element);
-            *(Words*)(staged + row * X_STRIDE + part * 16) = v;
-        }
-        __syncthreads();
+        copy_commit();  // an empty group past the end keeps the count wait_group relies on
+    };
+
+    float acc[GEMM_GROUPS][8][4], total[GEMM_GROUPS][8][4];
 #pragma unroll
-        for (int jb = 0; jb < 8; ++jb) {
-            u32 a[4];
-            decode(wq[jb / 4].w[jb % 4], a);
-            scale_operands(a, sq[jb / 4], jb % 4);
+    for (int h = 0; h < GEMM_GROUPS; ++h)
 #pragma unroll
-            for (int t = 0; t < 8; ++t) {
-                const Pair b = *(const Pair*)(staged + (t * 8 + grp) * X_STRIDE + jb * 32 + c * 8);
-                float d[4];
-                mma_zero(d, a, b.lo, b.hi);
+        for (int t = 0; t < 8; ++t)
 #pragma unroll
-                for (int i = 0; i < 4; ++i) acc[t][i] = add_rn(acc[t][i], d[i]);
+            for (int i = 0; i < 4; ++i) acc[h][t][i] = total[h][t][i] = 0.0f;
+
+#pragma unroll
+    for (int s = 0; s < GEMM_STAGES - 1; ++s) issue(s);
+    for (int step = 0; step < steps; ++step) {
+        copy_wait<GEMM_STAGES - 2>();  // this thread's copies of the step have landed
+        __syncthreads();               // everyone's have, and everyone is done with the step before
+        issue(step + GEMM_STAGES - 1);
+        const unsigned char* stage = ring + (step % GEMM_STAGES) * STAGE_BYTES;
+        const unsigned char* wstage = stage + TILE_ROWS * X_STRIDE + warp * W_BYTES;
+#pragma unroll
+        for (int qi = 0; qi < 2; ++qi) {
+            Words wq[GEMM_GROUPS];
+            Pair sq[GEMM_GROUPS];
+#pragma unroll
+            for (int h = 0; h < GEMM_GROUPS; ++h) {
+                wq[h] = ((const Words*)wstage)[(h * 2 + qi) * 32 + lane];
+                sq[h] = ((const Pair*)(wstage + GEMM_GROUPS * 1024))[(h * 2 + qi) * 8 + grp];
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                u32 a[GEMM_GROUPS][4];
+#pragma unroll
+                for (int h = 0; h < GEMM_GROUPS; ++h) {
+                    decode(wq[h].w[j], a[h]);
+                    scale_operands(a[h], sq[h], j);
+                }
+#pragma unroll
+                for (int t = 0; t < 8; ++t) {
+                    const Pair b = *(const Pair*)(stage + (t * 8 + grp) * X_STRIDE + (qi * 4 + j) * 32 + c * 8);
+#pragma unroll
+                    for (int h = 0; h < GEMM_GROUPS; ++h) {
+                        float d[4];
+                        mma_zero(d, a[h], b.lo, b.hi);
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) acc[h][t][i] = add_rn(acc[h][t][i], d[i]);
+                    }
+                }
             }
         }
         const bool chunk_done = (2 * step + 2) % CHUNK_QUADS == 0 || step == steps - 1;
         if (chunk_done) {
 #pragma unroll
-            for (int t = 0; t < 8; ++t)
+            for (int h = 0; h < GEMM_GROUPS; ++h)
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    total[t][i] = add_rn(total[t][i], acc[t][i]);
-                    acc[t][i] = 0.0f;
-                }
+                for (int t = 0; t < 8; ++t)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        total[h][t][i] = add_rn(total[h][t][i], acc[h][t][i]);
+                        acc[h][t][i] = 0.0f;
+                    }
         }
     }
-    if (!gok) return;
     const float gw = w_g[expert];
 #pragma unroll
-    for (int t = 0; t < 8; ++t)
+    for (int h = 0; h < GEMM_GROUPS; ++h) {
+        if (!gok[h]) continue;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int r = row_start + t * 8 + 2 * c + (i & 1);
-            const int nn = g * 16 + grp + 8 * (i >> 1);
-            if (r < row_end && nn < n) {
-                const float gx = x_g[source_row(x_rows, r)];
-                out[(i64)r * n + nn] = to_out(mul_rn(mul_rn(mul_rn(total[t][i], 16384.0f), gx), gw));
+        for (int t = 0; t < 8; ++t)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int r = row_start + t * 8 + 2 * c + (i & 1);
+                const int nn = (g0 + h) * 16 + grp + 8 * (i >> 1);
+                if (r < row_end && nn < n) {
+                    const float gx = x_g[source_row(x_rows, r)];
+                    out[(i64)r * n + nn] = to_out(mul_rn(mul_rn(mul_rn(total[h][t][i], 16384.0f), gx), gw));
+                }
             }
-        }
+    }
 }

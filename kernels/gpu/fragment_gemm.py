@@ -6,7 +6,8 @@ as the Triton kernel and as the CPU reference, whatever the row count. ``gemv`` 
 (a sampler's decode step): each thread loads 16 bytes holding its part of four blocks and decodes them with
 one to three integer operations per pair of codes, straight into tensor-core registers, and K is split over
 the warps of a CTA. ``gemm`` serves many rows (prefill, the trainer): 64 activation rows at a time are
-staged in shared memory and shared by eight warps, each decoding one 16-row group of the weight.
+streamed through a ring of shared-memory stages, with the weights, and shared by eight warps, each decoding
+one or two 16-row groups of the weight (:data:`GEMM_TILES`).
 
 Needs a GPU with compute capability ≥ 8.9 (the E4M3 conversion instruction: Ada, Hopper, Blackwell) and
 PyTorch's NVRTC binding (``torch.cuda._compile_kernel``); where either is missing :func:`available` is
@@ -59,7 +60,19 @@ MIN_COLUMN_GROUP_CTAS = 128
 STAGED_GEMV_TILES = ((8, 4, 16, 2, 1, 1), (8, 4, 8, 1, 1, 1), (16, 4, 8, 2, 1, 1), (16, 4, 8, 1, 1, 1))
 STAGED_MAX_ELEMENTS = 1 << 24
 GEMM_ROWS = 64  # activation rows per CTA of gemm: 8 n8 tiles per warp
-GEMM_WARPS = 8  # column groups (warps) per CTA of gemm
+GEMM_WARPS = 8  # warps per CTA of gemm, side by side along N
+GemmTile = tuple[int, int]  # gemm: (column groups per warp, steps of K in flight: the ring's stages)
+# gemm tiles in order of preference: the first whose ring fits a CTA's shared memory and that takes one group a
+# warp or still launches MIN_GEMM_CTAS CTAs (row tiles × column CTAs) serves. Two groups a warp halve the
+# activation reads (shared memory and L2) per tensor-core product but also the CTA count, and hold 242
+# registers a thread (one CTA an SM); one group a warp keeps two CTAs an SM, and its two stages fit Ada's 99 KB.
+# Launch parameters only: every tile gives the same bits. H100, benchmarks/gemm_pipeline_gpu.py
+# (h100_gemm_pipeline.json), 8192 x 7168: two groups 1.10-1.15x faster from 128 CTAs of them up (M = 256: 118.0
+# against 131.9 us; 1024: 451.6 against 498.5; 8192: 3793 against 4307), one group 1.5x faster below (M = 128,
+# 64 CTAs of two groups: 78.4 against 115.9); two stages beat four there (78.4 against 83.6), and three and
+# four stages of two groups are within 1.3% of each other.
+GEMM_TILES: tuple[GemmTile, ...] = ((2, 4), (1, 2))
+MIN_GEMM_CTAS = 128
 
 NVRTC_OPTIONS = ("--fmad=false",)  # every float32 add and multiply rounded on its own (docs/design.md §2.6)
 
@@ -72,7 +85,7 @@ def available(device_index: int) -> bool:
     if torch.cuda.get_device_capability(device_index) < (8, 9) or not hasattr(torch.cuda, "_compile_kernel"):
         return False
     try:
-        _module(GEMV_TILES[0], False, False, True, device_index)
+        _module(GEMV_TILES[0], GEMM_TILES[-1], False, False, True, device_index)
     except Exception as error:  # NVRTC missing, headers, driver: the Triton kernel still serves
         _log.warning("NVFP4 fragment GEMMs unavailable on cuda:%d (%s); using the Triton kernel", device_index, error)
         return False
@@ -162,15 +175,46 @@ def tile_builds(tile: GemvTile) -> bool:
     return min(tile[:4] + tile[5:]) >= 1 and not (tile[4] and tile[1] < 2) and tile[2] * tile[5] <= 32
 
 
-def source(tile: GemvTile, grouped: bool, gather: bool, bf16: bool) -> str:
-    """The CUDA source of both kernels for one gemv tile and one operand form: :data:`SOURCE` after the
-    ``#define`` lines of its macros."""
+def gemm_tile(row_tiles: int, groups: int, shared_bytes: int) -> GemmTile:
+    """gemm's tile for ``row_tiles`` CTAs along M (at most, for a grouped product), a weight of ``groups`` column
+    groups (N / 16) and ``shared_bytes`` a CTA may take (:func:`shared_limit`): the first of :data:`GEMM_TILES`
+    whose ring fits and that takes one group a warp or launches :data:`MIN_GEMM_CTAS` CTAs."""
+    for tile in GEMM_TILES:
+        ctas = row_tiles * -(-groups // (GEMM_WARPS * tile[0]))
+        if gemm_shared_bytes(tile) <= shared_bytes and (tile[0] == 1 or ctas >= MIN_GEMM_CTAS):
+            return tile
+    raise ValueError(f"fragment gemm: no tile's ring fits {shared_bytes} bytes of shared memory")
+
+
+def gemm_shared_bytes(tile: GemmTile) -> int:
+    """Shared memory of one gemm CTA, bytes: per stage, the step's 128 elements of K for its 64 rows (288 bytes
+    a row with the bank pad: ``X_STRIDE`` of fragment_gemm.cu) and each warp's weight words and scales (576
+    bytes per group and quad, ``W_BYTES``)."""
+    groups, stages = tile
+    return stages * (GEMM_ROWS * 288 + GEMM_WARPS * groups * 2 * 576)
+
+
+def gemm_tile_builds(tile: GemmTile) -> bool:
+    """Whether ``tile`` makes a gemm kernel: one or two column groups a warp (a warp's 32 lanes copy the step's
+    16 scale pairs per group) and a ring of at least two stages."""
+    return tile[0] in (1, 2) and tile[1] >= 2
+
+
+def source(tile: GemvTile, grouped: bool, gather: bool, bf16: bool, gemm: GemmTile = GEMM_TILES[-1]) -> str:
+    """The CUDA source of both kernels for one gemv tile, one gemm tile and one operand form: :data:`SOURCE`
+    after the ``#define`` lines of its macros.
+
+    Raises:
+        ValueError: a tile that makes no kernel (:func:`tile_builds`, :func:`gemm_tile_builds`).
+    """
     rows, prefetch, warps, column_groups, staged, column_warps = tile
     if not tile_builds(tile):
         raise ValueError(
             f"gemv tile {tile}: its counts must be positive, a staged tile needs a ring of at least two slots "
             "(prefetch >= 2), and a CTA at most 32 warps (warps x column warps)"
         )
+    if not gemm_tile_builds(gemm):
+        raise ValueError(f"gemm tile {gemm}: one or two column groups a warp and at least two stages")
     defines = {
         "NT": rows // 8,
         "PREFETCH": prefetch,
@@ -178,6 +222,8 @@ def source(tile: GemvTile, grouped: bool, gather: bool, bf16: bool) -> str:
         "COLUMN_WARPS": column_warps,
         "WARPS": GEMM_WARPS,
         "TILE_ROWS": GEMM_ROWS,
+        "GEMM_GROUPS": gemm[0],
+        "GEMM_STAGES": gemm[1],
         "CHUNK_QUADS": CHUNK_QUADS,
         "GROUPED": int(grouped),
         "GATHER": int(gather),
@@ -189,15 +235,17 @@ def source(tile: GemvTile, grouped: bool, gather: bool, bf16: bool) -> str:
 
 
 @functools.cache
-def _module(tile: GemvTile, grouped: bool, gather: bool, bf16: bool, device_index: int):
-    """``(gemv, gemm)`` compiled for one gemv tile and one operand form; gemv may take as much shared memory
-    as a CTA can opt in to (set once here, so a captured CUDA graph never sees the limit change)."""
-    text = source(tile, grouped, gather, bf16)
+def _module(tile: GemvTile, gemm: GemmTile, grouped: bool, gather: bool, bf16: bool, device_index: int):
+    """``(gemv, gemm)`` compiled for one gemv tile, one gemm tile and one operand form; gemv may take as much
+    shared memory as a CTA can opt in to, gemm its tile's ring (set once here, so a captured CUDA graph never sees
+    the limit change; a kernel's static shared memory counts against the same limit)."""
+    text = source(tile, grouped, gather, bf16, gemm)
     with torch.cuda.device(device_index):
-        gemv = torch.cuda._compile_kernel(text, "nvfp4_fragment_gemv", nvcc_options=list(NVRTC_OPTIONS))
-        gemm = torch.cuda._compile_kernel(text, "nvfp4_fragment_gemm", nvcc_options=list(NVRTC_OPTIONS))
-        gemv.set_shared_memory_config(_shared_limit(device_index))
-    return gemv, gemm
+        gemv_kernel = torch.cuda._compile_kernel(text, "nvfp4_fragment_gemv", nvcc_options=list(NVRTC_OPTIONS))
+        gemm_kernel = torch.cuda._compile_kernel(text, "nvfp4_fragment_gemm", nvcc_options=list(NVRTC_OPTIONS))
+        gemv_kernel.set_shared_memory_config(_shared_limit(device_index))
+        gemm_kernel.set_shared_memory_config(gemm_shared_bytes(gemm))
+    return gemv_kernel, gemm_kernel
 
 
 def _common_args(x, x_g, fragments, w_g, out, x_rows, tiles) -> list:
@@ -222,7 +270,7 @@ def launch(
     x_rows: torch.Tensor | None = None,
     tiles: tuple[torch.Tensor, ...] | None = None,
     grid_rows: int | None = None,
-    tile: GemvTile | None = None,
+    tile: GemvTile | GemmTile | None = None,
 ) -> None:
     """Run one of the kernels into ``out [R, N]`` (float32 or bfloat16), on ``x``'s device and current stream.
 
@@ -234,26 +282,32 @@ def launch(
         x_rows: int64 ``[R]`` activation row of each output row (grouped products), or None.
         tiles: ``(tile_expert, tile_start, tile_end, num_tiles)`` int32 device tensors of a grouped product,
             built for the kernel's rows per CTA (:func:`rows_per_cta`); ``grid_rows`` its tile count bound.
-        tile: a gemv tile other than :func:`gemv_tile`'s (benchmarks sweep them); gemm ignores it.
+        tile: a tile other than the default of the kernel launched, :func:`gemv_tile`'s or :func:`gemm_tile`'s
+            (benchmarks sweep them).
     Raises:
-        ValueError: ``gemv`` for a K whose chunk sums (and rings) do not fit its shared memory (:func:`gemv_fits`).
+        ValueError: ``gemv`` for a K whose chunk sums (and rings) do not fit its shared memory (:func:`gemv_fits`);
+            a ``tile`` of the other kernel's form.
     """
+    if tile is not None and len(tile) != (len(GEMV_TILES[0]) if gemv else len(GEMM_TILES[0])):
+        raise ValueError(f"fragment {'gemv' if gemv else 'gemm'}: {tile} is not a tile of that kernel")
     device_index = _index(x.device)
     groups = fragments.words.shape[1]
+    rows = (tile[0] if tile is not None else _rows_per_cta(rows_per_matrix)) if gemv else GEMM_ROWS
+    grid_rows = grid_rows if grid_rows is not None else -(-out.shape[0] // rows)
     if gemv:
         tile = tile or gemv_tile(
             rows_per_matrix, groups, fragments.k, shared_limit(x.device), grouped=tiles is not None
         )
         if tile is None or not tile_fits(tile, fragments.k, x.device):
             raise ValueError(f"fragment gemv: K = {fragments.k} needs more shared memory than a CTA has; use gemm")
+        gemm = GEMM_TILES[-1]  # gemv's compile: the gemm tile is only a macro there
     else:
+        gemm = tile or gemm_tile(grid_rows, groups, shared_limit(x.device))
         tile = GEMV_TILES[0]  # gemm's compile: the gemv tile is only a macro there
     gemv_kernel, gemm_kernel = _module(
-        tile, tiles is not None, x_rows is not None, out.dtype == torch.bfloat16, device_index
+        tile, gemm, tiles is not None, x_rows is not None, out.dtype == torch.bfloat16, device_index
     )
     args = _common_args(x, x_g, fragments, w_g, out, x_rows, tiles)
-    rows = tile[0] if gemv else GEMM_ROWS
-    grid_rows = grid_rows if grid_rows is not None else -(-out.shape[0] // rows)
     with torch.cuda.device(x.device):  # the launch goes to the current stream of the current device
         if gemv:
             shared = _gemv_shared_bytes(tile, fragments.k)
@@ -261,8 +315,8 @@ def launch(
             block = (32 * _gemv_warps(tile, fragments.k), 1, 1)
             gemv_kernel(grid=grid, block=block, args=args, shared_mem=shared)
         else:
-            grid = (grid_rows, -(-groups // GEMM_WARPS), 1)
-            gemm_kernel(grid=grid, block=(32 * GEMM_WARPS, 1, 1), args=args)
+            grid = (grid_rows, -(-groups // (GEMM_WARPS * gemm[0])), 1)
+            gemm_kernel(grid=grid, block=(32 * GEMM_WARPS, 1, 1), args=args, shared_mem=gemm_shared_bytes(gemm))
 
 
 def rows_per_cta(rows_per_matrix: float, gemv: bool) -> int:

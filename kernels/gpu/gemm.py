@@ -117,10 +117,11 @@ def fragment_matmul(
     qw: NVFP4Tensor,
     out_dtype: torch.dtype,
     gemv: bool | None = None,
-    tile: fragment_gemm.GemvTile | None = None,
+    tile: fragment_gemm.GemvTile | fragment_gemm.GemmTile | None = None,
 ) -> torch.Tensor:
     """:func:`matmul` through the CUDA fragment kernels. ``gemv``: which kernel (default: by
-    :data:`CROSSOVER_ROWS`); ``tile``: a gemv tile other than the default (benchmarks choose their own)."""
+    :data:`CROSSOVER_ROWS`); ``tile``: a tile of that kernel other than its default (benchmarks choose their
+    own)."""
     m = qx.shape[0]
     kernel_dtype = out_dtype if out_dtype in _CUDA_OUT else torch.float32
     out = torch.empty((m, qw.shape[0]), dtype=kernel_dtype, device=qx.device)
@@ -194,8 +195,9 @@ def fragment_grouped_matmul(
     x_rows: torch.Tensor | None,
     out_dtype: torch.dtype,
     gemv: bool | None = None,
+    tile: fragment_gemm.GemvTile | fragment_gemm.GemmTile | None = None,
 ) -> torch.Tensor:
-    """:func:`grouped_matmul` through the CUDA fragment kernels (``gemv`` as :func:`fragment_matmul`)."""
+    """:func:`grouped_matmul` through the CUDA fragment kernels (``gemv`` and ``tile`` as :func:`fragment_matmul`)."""
     num_experts, n = qw.shape[0], qw.shape[1]
     r = experts.shape[0]
     kernel_dtype = out_dtype if out_dtype in _CUDA_OUT else torch.float32
@@ -208,11 +210,11 @@ def fragment_grouped_matmul(
             gemv = per_expert <= CROSSOVER_ROWS["grouped"] and fragment_gemm.gemv_fits(
                 per_expert, qx.shape[1], qx.device
             )
-        rows = fragment_gemm.rows_per_cta(per_expert, gemv)
+        rows = tile[0] if gemv and tile is not None else fragment_gemm.rows_per_cta(per_expert, gemv)
         tile_expert, tile_start, tile_end, num_tiles, max_tiles = expert_tiles(experts, num_experts, rows)
         fragment_gemm.launch(
             x, xg, _fragments(qw), wg, out, rows_per_matrix=per_expert, gemv=gemv, x_rows=x_rows,
-            tiles=(tile_expert, tile_start, tile_end, num_tiles), grid_rows=max_tiles,
+            tiles=(tile_expert, tile_start, tile_end, num_tiles), grid_rows=max_tiles, tile=tile,
         )  # fmt: skip
     return out.to(out_dtype)
 

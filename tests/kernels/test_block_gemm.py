@@ -79,7 +79,9 @@ def test_bf16_output_is_the_float32_result_rounded_once():
 
 @pytest.mark.gpu
 def test_the_cuda_kernels_compile_here():
-    fragment_gemm._module(fragment_gemm.GEMV_TILES[0], False, False, True, 0)  # raises NVRTC's log if not
+    fragment_gemm._module(
+        fragment_gemm.GEMV_TILES[0], fragment_gemm.GEMM_TILES[0], False, False, True, 0
+    )  # NVRTC's log
     assert fragment_gemm.available(0) and gpu_gemm.cuda_kernels(torch.device("cuda"))
 
 
@@ -179,6 +181,51 @@ def test_the_shared_memory_planned_for_a_staged_tile_is_what_the_kernel_addresse
             assert fragment_gemm._gemv_shared_bytes(tile, k) == expected, (tile, k)
 
 
+def test_gemm_takes_two_groups_a_warp_only_where_the_product_keeps_enough_ctas():
+    # CTAs = row tiles x column CTAs of 8 warps x groups a warp, at least MIN_GEMM_CTAS for two groups
+    wide, narrow = fragment_gemm.GEMM_TILES
+    assert wide[0] == 2 and narrow[0] == 1
+    need = fragment_gemm.MIN_GEMM_CTAS
+    rows_8192 = -(-need // 32)  # 8192 columns: 32 CTAs of 16 groups per row tile
+    assert fragment_gemm.gemm_tile(rows_8192, 512, HOPPER_SHARED) == wide
+    assert fragment_gemm.gemm_tile(rows_8192 - 1, 512, HOPPER_SHARED) == narrow
+    assert fragment_gemm.gemm_tile(need, 16, HOPPER_SHARED) == wide  # one column CTA whatever the groups a warp
+    assert fragment_gemm.gemm_tile(need - 1, 16, HOPPER_SHARED) == narrow
+    assert fragment_gemm.gemm_tile(need, 17, HOPPER_SHARED) == wide  # the last CTA part empty
+    assert fragment_gemm.gemm_tile(1, 1, HOPPER_SHARED) == narrow
+
+
+def test_gemm_takes_a_tile_whose_ring_fits_the_shared_memory_of_the_gpu():
+    ada = 101376  # bytes a CTA may opt in to on sm_89 (and sm_120)
+    assert fragment_gemm.gemm_shared_bytes(fragment_gemm.gemm_tile(1000, 512, HOPPER_SHARED)) > ada
+    for row_tiles, groups in ((1, 1), (1000, 512), (4, 96)):
+        assert fragment_gemm.gemm_shared_bytes(fragment_gemm.gemm_tile(row_tiles, groups, ada)) <= ada
+    with pytest.raises(ValueError, match="no tile's ring fits"):
+        fragment_gemm.gemm_tile(1000, 512, 48 * 1024)
+
+
+def test_the_shared_memory_planned_for_gemm_is_what_the_kernel_addresses():
+    # GEMM_STAGES stages of STAGE_BYTES, the macros read from fragment_gemm.cu
+    text = fragment_gemm.SOURCE.read_text()
+    macros = dict(re.findall(r"#define (STEP|X_STRIDE|W_BYTES|STAGE_BYTES) (\d+|\(.*?\))\s", text))
+    for groups, stages in ((1, 2), (1, 4), (2, 3), (2, 4)):
+        values = {"TILE_ROWS": fragment_gemm.GEMM_ROWS, "WARPS": fragment_gemm.GEMM_WARPS, "GEMM_GROUPS": groups}
+        for name in ("STEP", "X_STRIDE", "W_BYTES", "STAGE_BYTES"):
+            expression = macros[name]
+            for known, value in values.items():
+                expression = re.sub(rf"\b{known}\b", str(value), expression)
+            values[name] = eval(expression)
+        assert fragment_gemm.gemm_shared_bytes((groups, stages)) == stages * values["STAGE_BYTES"]
+    assert fragment_gemm.gemm_shared_bytes((2, 4)) <= HOPPER_SHARED
+
+
+def test_a_tile_of_the_other_kernel_is_refused():
+    with pytest.raises(ValueError, match="not a tile of that kernel"):
+        fragment_gemm.launch(None, None, None, None, None, rows_per_matrix=1, gemv=False, tile=(8, 2, 16, 2, 0, 1))
+    with pytest.raises(ValueError, match="not a tile of that kernel"):
+        fragment_gemm.launch(None, None, None, None, None, rows_per_matrix=1, gemv=True, tile=(2, 4))
+
+
 def test_column_warps_count_as_column_groups_of_the_cta():
     # four column warps of one group: 128 CTAs on 8192 columns, as four groups of one warp
     assert fragment_gemm.cta_column_groups((32, 2, 4, 1, 0, 4)) == 4
@@ -214,6 +261,37 @@ def test_every_gemv_tile_gives_the_reference_bits(tile, m, n, k):
     for out_dtype in (torch.float32, torch.bfloat16):
         y = gpu_gemm.fragment_matmul(qx, prepared, out_dtype, gemv=True, tile=tile)
         assert_same_bits(block_gemm.matmul(_cpu(qx), _cpu(qw), out_dtype), y, f"gemv {tile}")
+
+
+GEMM_TEST_TILES = sorted(set(fragment_gemm.GEMM_TILES) | {(1, 2), (1, 3), (2, 2), (2, 3)})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", GEMM_TEST_TILES)
+@pytest.mark.parametrize(
+    "m,n,k", [(1, 48, 96), (65, 200, 528), (130, 560, 2112), (64, 16, 1040), (100, 4112, 2064), (3, 72, 8192)]
+)
+def test_every_gemm_tile_gives_the_reference_bits(tile, m, n, k):
+    """Column groups that fill no CTA or part of its last one, rows off the 64-row tile, K ending inside a step
+    (one quad of two) and inside a quad, K shorter than the ring and one step long."""
+    qx, qw = _operands(m, n, k, seed=n + k)
+    prepared = gemm.with_fragments(qw)
+    for out_dtype in (torch.float32, torch.bfloat16):
+        y = gpu_gemm.fragment_matmul(qx, prepared, out_dtype, gemv=False, tile=tile)
+        assert_same_bits(block_gemm.matmul(_cpu(qx), _cpu(qw), out_dtype), y, f"gemm {tile}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", GEMM_TEST_TILES)
+def test_grouped_gemm_tiles_give_the_reference_bits(tile):
+    e, n, k, tokens, top_k = 16, 272, 2064, 200, 4
+    qw = _expert_stack(e, n, k, 5)
+    prepared = gemm.with_fragments(qw)
+    qx = nvfp4.quantize(heavy_tailed((tokens, k), 6).to(DEVICE), scale="per_token", four_over_six="mse")
+    experts, rows = _routing(tokens, top_k, used=12)
+    ref = block_gemm.grouped_matmul(_cpu(qx), _cpu(qw), experts.cpu(), rows.cpu(), torch.float32)
+    y = gpu_gemm.fragment_grouped_matmul(qx, prepared, experts, rows, torch.float32, gemv=False, tile=tile)
+    assert_same_bits(ref, y, f"grouped gemm {tile}")
 
 
 @pytest.mark.gpu

@@ -30,6 +30,26 @@ def test_every_form_the_launcher_compiles_builds_for_hopper(tile, grouped, gathe
         assert kernel.encode() in cubin
 
 
+GEMM_BUILDS = [(gemm, *form) for gemm in fragment_gemm.GEMM_TILES for form in FORMS]
+GEMM_BUILDS += [(gemm, False, False, True) for gemm in ((1, 3), (2, 2), (2, 3))]  # the GPU tests' other tiles
+
+
+@pytest.mark.parametrize("gemm,grouped,gather,bf16", GEMM_BUILDS)
+def test_every_gemm_tile_builds_for_hopper(gemm, grouped, gather, bf16):
+    source = fragment_gemm.source(fragment_gemm.GEMV_TILES[0], grouped, gather, bf16, gemm)
+    _, log = compile_cubin(source, fragment_gemm.NVRTC_OPTIONS, 90)
+    assert "Compiling entry function 'nvfp4_fragment_gemm' for 'sm_90'" in log
+
+
+def test_a_gemm_tile_of_three_groups_or_one_stage_is_refused():
+    for gemm in ((3, 4), (0, 4), (1, 1)):
+        with pytest.raises(ValueError, match="two stages"):
+            fragment_gemm.source(fragment_gemm.GEMV_TILES[0], False, False, True, gemm)
+    source = fragment_gemm.source(fragment_gemm.GEMV_TILES[0], False, False, True, (2, 4))
+    with pytest.raises(BuildError, match="at most two column groups"):
+        compile_cubin(source.replace("#define GEMM_GROUPS 2", "#define GEMM_GROUPS 3"), fragment_gemm.NVRTC_OPTIONS, 90)
+
+
 @pytest.mark.parametrize("tile", [fragment_gemm.GEMV_TILES[0], fragment_gemm.STAGED_GEMV_TILES[0]])
 def test_builds_for_ada(tile):
     _, log = compile_cubin(fragment_gemm.source(tile, False, False, True), fragment_gemm.NVRTC_OPTIONS, 89)

@@ -1,0 +1,185 @@
+"""gemm's tiles (column groups per warp, stages of its cp.async ring) on the GPU, side by side with cuBLAS bf16,
+gemv at the rows where the two kernels cross, and optionally an earlier ``fragment_gemm.cu`` whose gemm is
+launched as one group a warp (the grid and block of the gemm before the ring: 64 rows × 8 column groups a CTA,
+256 threads). Every output is compared bit for bit with the default tile's, and each tile's CTA count is
+recorded, so the dispatch's rule (``fragment_gemm.GEMM_TILES``, ``MIN_GEMM_CTAS``) can be read off the run.
+
+Dense products are timed as benchmarks/kernels_gpu.py times them (CUDA-graph replay, weights rotated through
+> 256 MB so L2 is cold); grouped ones on a 128-expert 1536×2048 stack (216 MB). Run on the GPU machine, e.g.:
+
+    git show 413b04e:kernels/gpu/fragment_gemm.cu > /tmp/before.cu
+    python -m benchmarks.gemm_pipeline_gpu --against /tmp/before.cu --out benchmarks/results/h100_gemm_pipeline.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+from pathlib import Path
+
+import torch
+
+from benchmarks.gemm_backends_gpu import EXPERTS, packed_activations, packed_stack, packed_weights
+from benchmarks.kernels_gpu import copies_for, graph_time
+from benchmarks.machine import describe, write_record
+from nibble.kernels.gpu import fragment_gemm
+from nibble.kernels.gpu import gemm as gpu_gemm
+
+DENSE = {(8192, 7168): (32, 64, 96, 128, 256, 1024, 8192), (4096, 4096): (64, 128, 1024, 8192)}
+GROUPED = (1536, 2048)
+GROUPED_ROWS_PER_EXPERT = (16, 64, 256)
+EARLIER_TILE = (1, 2)  # launches an earlier gemm with its own grid and block; its ring is unused there
+
+
+def tile(text: str) -> fragment_gemm.GemmTile:
+    """``G,S`` on the command line: column groups per warp, stages."""
+    try:
+        groups, stages = (int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a gemm tile is GROUPS,STAGES, e.g. 2,4") from None
+    if not fragment_gemm.gemm_tile_builds((groups, stages)):
+        raise argparse.ArgumentTypeError(f"{text!r}: one or two column groups a warp and at least two stages")
+    return groups, stages
+
+
+def _use(source: Path) -> None:
+    fragment_gemm.SOURCE = source
+    fragment_gemm._module.cache_clear()
+
+
+def _variants(tiles, also: list[Path], against: Path | None) -> list[tuple[str, Path, fragment_gemm.GemmTile]]:
+    """``(label, source, tile)`` of every gemm timed: the working tree's at each tile, then each of ``also``'s
+    (variants of it), then the earlier source's."""
+    found = [(f"gemm {t}", fragment_gemm.SOURCE, t) for t in tiles]
+    found += [(f"{source.name} {t}", source, t) for source in also for t in tiles]
+    return found + ([("earlier gemm", against, EARLIER_TILE)] if against else [])
+
+
+def _time_variants(variants, run, copies: int, expected: torch.Tensor, ctas) -> dict:
+    """Seconds per call and same-bits of ``run(i, tile)`` under each variant."""
+    row = {}
+    for label, source, t in variants:
+        _use(source)
+        row[label] = {
+            "us": graph_time(lambda i, t=t: run(i, t), copies)["graph_s"] * 1e6,
+            "same_bits": torch.equal(run(0, t), expected),
+            "ctas": ctas(t),
+        }
+    return row
+
+
+def _dense_row(variants, qws, ws, m: int) -> dict:
+    """One row count of a dense weight (``qws`` packed copies, ``ws`` bf16 copies)."""
+    n, k = qws[0].shape
+    groups = n // 16
+    qx = packed_activations(m, k)
+    x = qx.dequantize(torch.bfloat16)
+    _use(variants[0][1])
+    expected = gpu_gemm.fragment_matmul(qx, qws[0], torch.bfloat16, gemv=False)
+
+    def run(i, t):
+        return gpu_gemm.fragment_matmul(qx, qws[i], torch.bfloat16, gemv=False, tile=t)
+
+    def ctas(t):
+        return -(-m // fragment_gemm.GEMM_ROWS) * -(-groups // (fragment_gemm.GEMM_WARPS * t[0]))
+
+    row = {"shape": [n, k], "m": m}
+    row["bf16_us"] = graph_time(lambda i: x @ ws[i].T, len(ws))["graph_s"] * 1e6
+    if m <= 128 and fragment_gemm.gemv_fits(m, k, qx.device):
+        gemv = graph_time(lambda i: gpu_gemm.fragment_matmul(qx, qws[i], torch.bfloat16, gemv=True), len(qws))
+        row["gemv_us"] = gemv["graph_s"] * 1e6
+    shared = fragment_gemm.shared_limit(qx.device)
+    row["default_tile"] = list(fragment_gemm.gemm_tile(-(-m // fragment_gemm.GEMM_ROWS), groups, shared))
+    row["gemm"] = _time_variants(variants, run, len(qws), expected, ctas)
+    print(_line(f"dense {n}x{k} M={m:5d}", row), flush=True)
+    return row
+
+
+def dense(variants) -> list[dict]:
+    rows = []
+    for (n, k), ms in DENSE.items():
+        qws = packed_weights(n, k)
+        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies_for(n * k * 2))]
+        rows += [_dense_row(variants, qws, ws, m) for m in ms]
+        del qws, ws
+    return rows
+
+
+def _grouped_row(variants, qw, wt, r: int) -> dict:
+    """``r`` rows on every expert of the stack ``qw`` (packed) / ``wt`` (bf16, ``[E, K, N]``)."""
+    n, k = qw.shape[1:]
+    experts = torch.arange(EXPERTS, device="cuda").repeat_interleave(r)
+    qx = packed_activations(experts.numel(), k)
+    x = qx.dequantize(torch.bfloat16)
+    offs = torch.arange(1, EXPERTS + 1, device="cuda", dtype=torch.int32) * r
+    _use(variants[0][1])
+    expected = gpu_gemm.fragment_grouped_matmul(qx, qw, experts, None, torch.bfloat16, gemv=False)
+
+    def run(_, t):
+        return gpu_gemm.fragment_grouped_matmul(qx, qw, experts, None, torch.bfloat16, gemv=False, tile=t)
+
+    row = {"shape": [EXPERTS, n, k], "rows_per_expert": r}
+    row["bf16_us"] = graph_time(lambda i: torch._grouped_mm(x, wt, offs=offs), 1)["graph_s"] * 1e6
+    row["gemm"] = _time_variants(variants, run, 1, expected, lambda t: None)
+    print(_line(f"grouped {EXPERTS}x{n}x{k} rows/expert={r:3d}", row), flush=True)
+    return row
+
+
+def grouped(variants) -> list[dict]:
+    n, k = GROUPED
+    qw = packed_stack(torch.randn(EXPERTS, n, k, device="cuda", dtype=torch.bfloat16) / k**0.5)
+    wt = torch.randn(EXPERTS, k, n, device="cuda", dtype=torch.bfloat16)
+    return [_grouped_row(variants, qw, wt, r) for r in GROUPED_ROWS_PER_EXPERT]
+
+
+def _line(label: str, row: dict) -> str:
+    parts = [f"bf16 {row['bf16_us']:8.1f}"]
+    if "gemv_us" in row:
+        parts.append(f"gemv {row['gemv_us']:8.1f}")
+    for name, v in row["gemm"].items():
+        differ = "" if v["same_bits"] else " BITS DIFFER"
+        parts.append(f"{name} {v['us']:8.1f} (x{row['bf16_us'] / v['us']:.2f}{differ})")
+    return f"{label}: " + "  ".join(parts) + " us"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--against", type=Path, help="an earlier fragment_gemm.cu whose gemm to time beside")
+    parser.add_argument(
+        "--also", type=Path, nargs="*", default=[],
+        help="variants of the working tree's fragment_gemm.cu (same macros and launch), timed at every tile",
+    )  # fmt: skip
+    parser.add_argument(
+        "--tiles", nargs="+", type=tile, default=list(itertools.product((1, 2), (2, 3, 4))),
+        help="gemm tiles GROUPS,STAGES to time (default: 1-2 groups x 2-4 stages)",
+    )  # fmt: skip
+    parser.add_argument("--skip", nargs="*", default=[], choices=["dense", "grouped"])
+    parser.add_argument("--out", type=Path, default=None, help="results JSON")
+    args = parser.parse_args()
+    for option, path in [("--against", args.against)] + [("--also", p) for p in args.also]:
+        if path is not None and not path.is_file():
+            parser.error(f"{option} {path}: {'not a file' if path.exists() else 'no such file'}")
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks/gemm_pipeline_gpu.py needs a CUDA GPU")
+    torch.manual_seed(0)
+    ours = fragment_gemm.SOURCE
+    variants = _variants(args.tiles, args.also, args.against)
+    command = "python -m benchmarks.gemm_pipeline_gpu --tiles " + " ".join(f"{g},{s}" for g, s in args.tiles)
+    command += "".join(f" --also {p}" for p in args.also) + (f" --against {args.against}" if args.against else "")
+    result = {"machine": describe(), "command": command, "default_tiles": fragment_gemm.GEMM_TILES}
+    result["sources"] = {str(path): hashlib.sha256(path.read_bytes()).hexdigest() for _, path, _ in variants}
+    result["min_gemm_ctas"] = fragment_gemm.MIN_GEMM_CTAS
+    try:
+        if "dense" not in args.skip:
+            result["dense"] = dense(variants)
+        if "grouped" not in args.skip:
+            result["grouped"] = grouped(variants)
+    finally:
+        _use(ours)
+    if args.out:
+        write_record(args.out, result)
+
+
+if __name__ == "__main__":
+    main()
