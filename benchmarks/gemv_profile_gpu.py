@@ -1,6 +1,6 @@
-"""A driver for Nsight Compute: the fragment gemv once per row count inside an NVTX range ``prof`` (after a
-warm-up outside it), so ``ncu --nvtx --nvtx-include prof/`` profiles exactly those launches. Times nothing
-itself; the counters are ncu's. Run on the GPU machine, e.g.:
+"""A driver for Nsight Compute: the fragment gemv (or, with ``--kernel gemm``, gemm) once per row count inside an
+NVTX range ``prof`` (after a warm-up outside it), so ``ncu --nvtx --nvtx-include prof/`` profiles exactly those
+launches. Times nothing itself; the counters are ncu's. Run on the GPU machine, e.g.:
 
     ncu --clock-control none --nvtx --nvtx-include prof/ --section SpeedOfLight --section WarpStateStats \
         python -m benchmarks.gemv_profile_gpu --shape 8192 7168 --rows 1 8 32
@@ -20,14 +20,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", nargs=2, type=int, default=[8192, 7168], metavar=("N", "K"))
     parser.add_argument("--rows", nargs="+", type=int, default=[1, 8, 32], help="activation rows M, one launch each")
+    parser.add_argument("--kernel", choices=["gemv", "gemm"], default="gemv")
     parser.add_argument(
         "--tile",
-        nargs=6,
+        nargs="+",
         type=int,
         default=None,
-        help="a gemv tile (rows, prefetch, warps, groups, staged, column warps) instead of the default",
+        help="a tile instead of the default: gemv's (rows, prefetch, warps, groups, staged, column warps) or "
+        "gemm's (groups per warp, stages)",
     )
     args = parser.parse_args()
+    gemv = args.kernel == "gemv"
+    if args.tile and len(args.tile) != (6 if gemv else 2):
+        parser.error(f"--tile: {args.kernel} takes {6 if gemv else 2} values, got {len(args.tile)}")
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/gemv_profile_gpu.py needs a CUDA GPU")
     torch.manual_seed(0)
@@ -36,13 +41,13 @@ def main() -> None:
     tile = tuple(args.tile) if args.tile else None
     inputs = [packed_activations(m, k) for m in args.rows]
     for qx in inputs:  # compile and warm up outside the profiled range
-        gpu_gemm.fragment_matmul(qx, qw, torch.bfloat16, gemv=True, tile=tile)
+        gpu_gemm.fragment_matmul(qx, qw, torch.bfloat16, gemv=gemv, tile=tile)
     torch.cuda.synchronize()
     for m, qx in zip(args.rows, inputs, strict=True):
         with torch.cuda.nvtx.range("prof"):
-            gpu_gemm.fragment_matmul(qx, qw, torch.bfloat16, gemv=True, tile=tile)
+            gpu_gemm.fragment_matmul(qx, qw, torch.bfloat16, gemv=gemv, tile=tile)
         torch.cuda.synchronize()
-        print(f"profiled gemv {n}x{k} M={m} tile={tile or 'default'}", flush=True)
+        print(f"profiled {args.kernel} {n}x{k} M={m} tile={tile or 'default'}", flush=True)
 
 
 if __name__ == "__main__":

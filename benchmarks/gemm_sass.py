@@ -1,0 +1,63 @@
+"""Instruction counts of the fragment gemm's main loop (one step of 128 elements of K), compiled for sm_90 without
+a GPU: NVRTC from the ``nvidia-cuda-nvrtc-cu12`` dev dependency (``tests/kernels/cuda_build.py``), disassembled
+with Triton's bundled ``nvdisasm``. The loop runs from the label before its ``DEPBAR`` (the wait for the step's
+copies) to the branch back to it; its float32 adds (``FADD``, one per block and output: the block order of
+docs/design.md §2.6) against its tensor-core instructions (``HMMA``) are what bound gemm at many rows.
+
+    python -m benchmarks.gemm_sass [--tiles 2,4 1,2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import triton
+
+from benchmarks.gemm_pipeline_gpu import tile
+from nibble.kernels.gpu import fragment_gemm
+from tests.kernels.cuda_build import compile_cubin
+
+NVDISASM = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+_ADDRESS = re.compile(r"/\*[0-9a-f]{4,}\*/")
+
+
+def loop_opcodes(gemm: fragment_gemm.GemmTile) -> collections.Counter:
+    """Opcode counts (without modifiers) of gemm's main loop for tile ``gemm`` (dense, bf16 output)."""
+    source = fragment_gemm.source(fragment_gemm.GEMV_TILES[0], False, False, True, gemm)
+    cubin, _ = compile_cubin(source, fragment_gemm.NVRTC_OPTIONS, 90)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
+        file.write(cubin)
+        file.flush()
+        sass = subprocess.run([NVDISASM, "-c", file.name], capture_output=True, text=True, check=True).stdout
+    start = sass.index(".text.nvfp4_fragment_gemm:")
+    end = sass.find("\n.text.", start + 1)
+    lines = sass[start : end if end > 0 else None].splitlines()
+    wait = next(i for i, line in enumerate(lines) if "DEPBAR.LE" in line)
+    head = max(i for i in range(wait) if re.match(r"\s*\.L_x_\d+:", lines[i]))
+    label = lines[head].strip().rstrip(":")
+    tail = max(i for i, line in enumerate(lines) if f"`({label})" in line)
+    body = [line for line in lines[head : tail + 1] if _ADDRESS.search(line)]
+    ops = [re.sub(r"^\s*/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?", "", line).split()[0] for line in body]
+    return collections.Counter(op.split(".")[0] for op in ops)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tiles", nargs="+", type=tile, default=list(fragment_gemm.GEMM_TILES))
+    args = parser.parse_args()
+    for gemm in args.tiles:
+        counts = loop_opcodes(gemm)
+        total, mma, fadd = sum(counts.values()), counts["HMMA"], counts["FADD"]
+        print(
+            f"gemm tile {gemm}: {total} instructions a step, {mma} HMMA, {fadd} FADD ({fadd / total:.0%}), "
+            f"{total / mma:.2f} per HMMA; most frequent: {counts.most_common(8)}"
+        )
+
+
+if __name__ == "__main__":
+    main()

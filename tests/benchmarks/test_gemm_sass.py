@@ -1,0 +1,18 @@
+"""benchmarks/gemm_sass.py reads gemm's main loop out of the sm_90 SASS: one step of 128 elements of K holds a
+tensor-core instruction per block, n8 tile and column group, and a float32 add per block and output."""
+
+import pytest
+
+pytest.importorskip("nvidia.cuda_nvrtc", reason="the nvidia-cuda-nvrtc-cu12 dev dependency is not installed")
+pytest.importorskip("triton", reason="the triton package (its nvdisasm) is not installed")
+
+from benchmarks.gemm_sass import loop_opcodes
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_the_loop_of_a_step_is_found_by_its_instructions(groups):
+    counts = loop_opcodes((groups, 2))
+    blocks, tiles = 8, 8
+    assert counts["HMMA"] == blocks * tiles * groups
+    assert counts["FADD"] >= blocks * tiles * groups * 4  # 4 outputs a lane per mma; the chunk-end adds on top
+    assert counts["BAR"] == 1
