@@ -39,7 +39,10 @@ def tile(text: str) -> fragment_gemm.GemmTile:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: a gemm tile is GROUPS,STAGES, e.g. 2,4") from None
     if not fragment_gemm.gemm_tile_builds((groups, stages)):
-        raise argparse.ArgumentTypeError(f"{text!r}: one or two column groups a warp and at least two stages")
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: one or two column groups a warp and at least two stages, whose ring fits "
+            f"{fragment_gemm.MAX_SHARED_BYTES} bytes of shared memory"
+        )
     return groups, stages
 
 
@@ -160,6 +163,16 @@ def main() -> None:
     for option, path in [("--against", args.against)] + [("--also", p) for p in args.also]:
         if path is not None and not path.is_file():
             parser.error(f"{option} {path}: {'not a file' if path.exists() else 'no such file'}")
+        if path is not None and path.suffix != ".cu":
+            parser.error(f"{option} {path}: not a CUDA source (.cu)")
+    if len({p.name for p in args.also}) < len(args.also):
+        parser.error("--also: two sources of the same file name (their results are keyed by it)")
+    if len(set(args.tiles)) < len(args.tiles):
+        parser.error(f"--tiles: a tile given twice ({' '.join(f'{g},{s}' for g, s in args.tiles)})")
+    if {"dense", "grouped"} <= set(args.skip):
+        parser.error("--skip: skipping both dense and grouped leaves nothing to time")
+    if args.out is not None and (args.out.is_dir() or not args.out.parent.is_dir()):
+        parser.error(f"--out {args.out}: {'a directory' if args.out.is_dir() else 'its folder does not exist'}")
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/gemm_pipeline_gpu.py needs a CUDA GPU")
     torch.manual_seed(0)

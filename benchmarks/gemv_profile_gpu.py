@@ -13,6 +13,7 @@ import argparse
 import torch
 
 from benchmarks.gemm_backends_gpu import packed_activations, packed_weights
+from nibble.kernels.gpu import fragment_gemm
 from nibble.kernels.gpu import gemm as gpu_gemm
 
 
@@ -33,6 +34,10 @@ def main() -> None:
     gemv = args.kernel == "gemv"
     if args.tile and len(args.tile) != (6 if gemv else 2):
         parser.error(f"--tile: {args.kernel} takes {6 if gemv else 2} values, got {len(args.tile)}")
+    builds = fragment_gemm.tile_builds if gemv else fragment_gemm.gemm_tile_builds
+    if args.tile and not builds(tuple(args.tile)):
+        values = " ".join(map(str, args.tile))
+        parser.error(f"--tile {values}: makes no {args.kernel} kernel (fragment_gemm.{builds.__name__})")
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/gemv_profile_gpu.py needs a CUDA GPU")
     torch.manual_seed(0)

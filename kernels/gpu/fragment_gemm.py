@@ -73,6 +73,7 @@ GemmTile = tuple[int, int]  # gemm: (column groups per warp, steps of K in fligh
 # four stages of two groups are within 1.3% of each other.
 GEMM_TILES: tuple[GemmTile, ...] = ((2, 4), (1, 2))
 MIN_GEMM_CTAS = 128
+MAX_SHARED_BYTES = 232448  # the most shared memory a CTA can opt in to on any GPU so far (Hopper, Blackwell: 227 KB)
 
 NVRTC_OPTIONS = ("--fmad=false",)  # every float32 add and multiply rounded on its own (docs/design.md §2.6)
 
@@ -169,16 +170,21 @@ def gemv_fits(rows_per_matrix: float, k: int, device: torch.device) -> bool:
 
 
 def tile_builds(tile: GemvTile) -> bool:
-    """Whether ``tile`` makes a kernel: its counts (rows, prefetch, warps, groups, column warps) are positive, a
-    staged tile's ring needs at least two slots (``prefetch`` >= 2), and a CTA has at most 32 warps (warps ×
-    column warps)."""
-    return min(tile[:4] + tile[5:]) >= 1 and not (tile[4] and tile[1] < 2) and tile[2] * tile[5] <= 32
+    """Whether ``tile`` makes a kernel: six integers, its counts (rows, prefetch, warps, groups, column warps)
+    positive and its rows whole n8 tiles (a multiple of 8), a staged tile's ring at least two slots (``prefetch``
+    >= 2), and a CTA at most 32 warps (warps × column warps)."""
+    if len(tile) != 6 or not all(isinstance(v, int) for v in tile):
+        return False
+    counts_ok = min(tile[:4] + tile[5:]) >= 1 and tile[0] % 8 == 0
+    return counts_ok and not (tile[4] and tile[1] < 2) and tile[2] * tile[5] <= 32
 
 
 def gemm_tile(row_tiles: int, groups: int, shared_bytes: int) -> GemmTile:
     """gemm's tile for ``row_tiles`` CTAs along M (at most, for a grouped product), a weight of ``groups`` column
     groups (N / 16) and ``shared_bytes`` a CTA may take (:func:`shared_limit`): the first of :data:`GEMM_TILES`
     whose ring fits and that takes one group a warp or launches :data:`MIN_GEMM_CTAS` CTAs."""
+    if row_tiles < 1 or groups < 1:
+        raise ValueError(f"fragment gemm: {row_tiles} row tiles of {groups} column groups is no product to tile")
     for tile in GEMM_TILES:
         ctas = row_tiles * -(-groups // (GEMM_WARPS * tile[0]))
         if gemm_shared_bytes(tile) <= shared_bytes and (tile[0] == 1 or ctas >= MIN_GEMM_CTAS):
@@ -195,9 +201,12 @@ def gemm_shared_bytes(tile: GemmTile) -> int:
 
 
 def gemm_tile_builds(tile: GemmTile) -> bool:
-    """Whether ``tile`` makes a gemm kernel: one or two column groups a warp (a warp's 32 lanes copy the step's
-    16 scale pairs per group) and a ring of at least two stages."""
-    return tile[0] in (1, 2) and tile[1] >= 2
+    """Whether ``tile`` makes a gemm kernel: two integers, one or two column groups a warp (a warp's 32 lanes copy
+    the step's 16 scale pairs per group) and a ring of at least two stages that fits the most shared memory a CTA
+    can have on any GPU (:data:`MAX_SHARED_BYTES`)."""
+    if len(tile) != 2 or not all(isinstance(v, int) for v in tile):
+        return False
+    return tile[0] in (1, 2) and tile[1] >= 2 and gemm_shared_bytes(tile) <= MAX_SHARED_BYTES
 
 
 def source(tile: GemvTile, grouped: bool, gather: bool, bf16: bool, gemm: GemmTile = GEMM_TILES[-1]) -> str:
@@ -207,14 +216,17 @@ def source(tile: GemvTile, grouped: bool, gather: bool, bf16: bool, gemm: GemmTi
     Raises:
         ValueError: a tile that makes no kernel (:func:`tile_builds`, :func:`gemm_tile_builds`).
     """
-    rows, prefetch, warps, column_groups, staged, column_warps = tile
-    if not tile_builds(tile):
+    if not tile_builds(tuple(tile)):
         raise ValueError(
-            f"gemv tile {tile}: its counts must be positive, a staged tile needs a ring of at least two slots "
-            "(prefetch >= 2), and a CTA at most 32 warps (warps x column warps)"
+            f"gemv tile {tile}: six integers, its counts positive and its rows a multiple of 8, a staged tile a ring "
+            "of at least two slots (prefetch >= 2), and a CTA at most 32 warps (warps x column warps)"
         )
-    if not gemm_tile_builds(gemm):
-        raise ValueError(f"gemm tile {gemm}: one or two column groups a warp and at least two stages")
+    if not gemm_tile_builds(tuple(gemm)):
+        raise ValueError(
+            f"gemm tile {gemm}: two integers, one or two column groups a warp and at least two stages, "
+            f"whose ring fits {MAX_SHARED_BYTES} bytes"
+        )
+    rows, prefetch, warps, column_groups, staged, column_warps = tile
     defines = {
         "NT": rows // 8,
         "PREFETCH": prefetch,
@@ -286,8 +298,9 @@ def launch(
             (benchmarks sweep them).
     Raises:
         ValueError: ``gemv`` for a K whose chunk sums (and rings) do not fit its shared memory (:func:`gemv_fits`);
-            a ``tile`` of the other kernel's form.
+            a gemm ``tile`` whose ring does not; a ``tile`` of the other kernel's form.
     """
+    tile = tuple(tile) if tile is not None else None  # a list would not key the compiled modules' cache
     if tile is not None and len(tile) != (len(GEMV_TILES[0]) if gemv else len(GEMM_TILES[0])):
         raise ValueError(f"fragment {'gemv' if gemv else 'gemm'}: {tile} is not a tile of that kernel")
     device_index = _index(x.device)
@@ -303,6 +316,8 @@ def launch(
         gemm = GEMM_TILES[-1]  # gemv's compile: the gemm tile is only a macro there
     else:
         gemm = tile or gemm_tile(grid_rows, groups, shared_limit(x.device))
+        if gemm_shared_bytes(gemm) > shared_limit(x.device):
+            raise ValueError(f"fragment gemm: tile {gemm}'s ring needs more shared memory than a CTA has")
         tile = GEMV_TILES[0]  # gemm's compile: the gemv tile is only a macro there
     gemv_kernel, gemm_kernel = _module(
         tile, gemm, tiles is not None, x_rows is not None, out.dtype == torch.bfloat16, device_index

@@ -235,6 +235,20 @@ def test_column_warps_count_as_column_groups_of_the_cta():
     assert fragment_gemm.tile_builds((8, 1, 8, 1, 0, 4)) and fragment_gemm.tile_builds((8, 1, 16, 1, 0, 2))
     assert not fragment_gemm.tile_builds((8, 1, 16, 1, 0, 4))  # 64 warps: past a CTA's 32
     assert not fragment_gemm.tile_builds((8, 1, 4, 1, 0, 0)) and not fragment_gemm.tile_builds((8, 1, 4, 0, 0, 1))
+    # rows in whole n8 tiles: a CTA of 12 would be launched 12 rows apart and compute 8
+    assert not fragment_gemm.tile_builds((12, 2, 8, 1, 0, 1)) and not fragment_gemm.tile_builds((7, 2, 8, 1, 0, 1))
+    assert not fragment_gemm.tile_builds((8, 2, 8, 1, 0)) and not fragment_gemm.tile_builds((8.0, 2, 8, 1, 0, 1))
+
+
+def test_a_gemm_tile_builds_only_with_two_integer_counts_and_a_ring_that_fits():
+    assert fragment_gemm.gemm_tile_builds((2, 4)) and fragment_gemm.gemm_tile_builds((1, 8))
+    assert not fragment_gemm.gemm_tile_builds((2, 7))  # 258 048 bytes: past any GPU's 227 KB
+    for bad in ((3, 4), (0, 4), (2, 1), (-1, 4), (2, 4, 1), (2,), (1.0, 2), (2, 2.5)):
+        assert not fragment_gemm.gemm_tile_builds(bad), bad
+    with pytest.raises(ValueError, match="no product to tile"):
+        fragment_gemm.gemm_tile(0, 512, HOPPER_SHARED)
+    with pytest.raises(ValueError, match="no product to tile"):
+        fragment_gemm.gemm_tile(4, 0, HOPPER_SHARED)
 
 
 def test_grouped_row_tiles_are_built_for_the_rows_of_the_tile_gemv_takes():
