@@ -39,7 +39,8 @@ GROUPED_ROWS_PER_EXPERT = (1, 4, 16, 64)
 PASSES = ("a", "b", "a", "b")
 
 
-def _use(source: Path) -> None:
+def use_source(source: Path) -> None:
+    """Compile the fragment kernels from ``source`` from now on (the compiled modules are dropped)."""
     fragment_gemm.SOURCE = source
     fragment_gemm._module.cache_clear()
 
@@ -49,7 +50,7 @@ def _compare(sources: dict[str, Path], time_one, outputs) -> dict:
     row: dict = {"a_us": [], "b_us": []}
     got = {}
     for name in PASSES:
-        _use(sources[name])
+        use_source(sources[name])
         row[f"{name}_us"].append(time_one() * 1e6)
         got[name] = outputs()
     row["same_bits"] = all(torch.equal(x, y) for x, y in zip(got["a"], got["b"], strict=True))
@@ -136,7 +137,7 @@ def _line(label: str, row: dict) -> str:
     return f"{label}: {bf16}{passes}  same bits {row['same_bits']}"
 
 
-def _describe_source(path: Path) -> dict:
+def describe_source(path: Path) -> dict:
     """The source's path and sha256, so that a record says which kernels it compared."""
     return {"path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
 
@@ -153,7 +154,7 @@ def _working_tree() -> dict:
 
 def _check_compiles(source: Path) -> str | None:
     """Why ``source`` cannot serve as the kernels (it does not compile, or lacks a kernel), or None."""
-    _use(source)
+    use_source(source)
     try:
         tiles = fragment_gemm.GEMV_TILES[0], fragment_gemm.GEMM_TILES[-1]
         fragment_gemm._module(*tiles, False, False, True, torch.cuda.current_device())
@@ -187,16 +188,16 @@ def main() -> None:
             "machine": describe(),
             "command": "python -m benchmarks.fragment_kernel_ab_gpu --against " + str(args.against)
             + " --sweep" * args.sweep,
-            "a": {**_describe_source(sources["a"]), **_working_tree()},
-            "b": _describe_source(sources["b"]),
+            "a": {**describe_source(sources["a"]), **_working_tree()},
+            "b": describe_source(sources["b"]),
             "dense": dense(sources),
             "grouped": grouped(sources),
         }  # fmt: skip
-        _use(sources["a"])
+        use_source(sources["a"])
         if args.sweep:
             result["sweep"] = sweep()
     finally:
-        _use(sources["a"])
+        use_source(sources["a"])
     if args.out:
         write_record(args.out, result)
 

@@ -14,12 +14,12 @@ Dense products are timed as benchmarks/kernels_gpu.py times them (CUDA-graph rep
 from __future__ import annotations
 
 import argparse
-import hashlib
 import itertools
 from pathlib import Path
 
 import torch
 
+from benchmarks.fragment_kernel_ab_gpu import describe_source, use_source
 from benchmarks.gemm_backends_gpu import EXPERTS, packed_activations, packed_stack, packed_weights
 from benchmarks.kernels_gpu import copies_for, graph_time
 from benchmarks.machine import describe, write_record
@@ -46,11 +46,6 @@ def tile(text: str) -> fragment_gemm.GemmTile:
     return groups, stages
 
 
-def _use(source: Path) -> None:
-    fragment_gemm.SOURCE = source
-    fragment_gemm._module.cache_clear()
-
-
 def _variants(tiles, also: list[Path], against: Path | None) -> list[tuple[str, Path, fragment_gemm.GemmTile]]:
     """``(label, source, tile)`` of every gemm timed: the working tree's at each tile, then each of ``also``'s
     (variants of it), then the earlier source's."""
@@ -63,7 +58,7 @@ def _time_variants(variants, run, copies: int, expected: torch.Tensor, ctas) -> 
     """Seconds per call and same-bits of ``run(i, tile)`` under each variant."""
     row = {}
     for label, source, t in variants:
-        _use(source)
+        use_source(source)
         row[label] = {
             "us": graph_time(lambda i, t=t: run(i, t), copies)["graph_s"] * 1e6,
             "same_bits": torch.equal(run(0, t), expected),
@@ -78,14 +73,16 @@ def _dense_row(variants, qws, ws, m: int) -> dict:
     groups = n // 16
     qx = packed_activations(m, k)
     x = qx.dequantize(torch.bfloat16)
-    _use(variants[0][1])
+    use_source(variants[0][1])
     expected = gpu_gemm.fragment_matmul(qx, qws[0], torch.bfloat16, gemv=False)
 
     def run(i, t):
         return gpu_gemm.fragment_matmul(qx, qws[i], torch.bfloat16, gemv=False, tile=t)
 
+    row_tiles = -(-m // fragment_gemm.GEMM_ROWS)
+
     def ctas(t):
-        return -(-m // fragment_gemm.GEMM_ROWS) * -(-groups // (fragment_gemm.GEMM_WARPS * t[0]))
+        return row_tiles * fragment_gemm.gemm_column_ctas(groups, t)
 
     row = {"shape": [n, k], "m": m}
     row["bf16_us"] = graph_time(lambda i: x @ ws[i].T, len(ws))["graph_s"] * 1e6
@@ -93,7 +90,7 @@ def _dense_row(variants, qws, ws, m: int) -> dict:
         gemv = graph_time(lambda i: gpu_gemm.fragment_matmul(qx, qws[i], torch.bfloat16, gemv=True), len(qws))
         row["gemv_us"] = gemv["graph_s"] * 1e6
     shared = fragment_gemm.shared_limit(qx.device)
-    row["default_tile"] = list(fragment_gemm.gemm_tile(-(-m // fragment_gemm.GEMM_ROWS), groups, shared))
+    row["default_tile"] = list(fragment_gemm.gemm_tile(row_tiles, groups, shared))
     row["gemm"] = _time_variants(variants, run, len(qws), expected, ctas)
     print(_line(f"dense {n}x{k} M={m:5d}", row), flush=True)
     return row
@@ -116,7 +113,7 @@ def _grouped_row(variants, qw, wt, r: int) -> dict:
     qx = packed_activations(experts.numel(), k)
     x = qx.dequantize(torch.bfloat16)
     offs = torch.arange(1, EXPERTS + 1, device="cuda", dtype=torch.int32) * r
-    _use(variants[0][1])
+    use_source(variants[0][1])
     expected = gpu_gemm.fragment_grouped_matmul(qx, qw, experts, None, torch.bfloat16, gemv=False)
 
     def run(_, t):
@@ -181,7 +178,7 @@ def main() -> None:
     command = "python -m benchmarks.gemm_pipeline_gpu --tiles " + " ".join(f"{g},{s}" for g, s in args.tiles)
     command += "".join(f" --also {p}" for p in args.also) + (f" --against {args.against}" if args.against else "")
     result = {"machine": describe(), "command": command, "default_tiles": fragment_gemm.GEMM_TILES}
-    result["sources"] = {str(path): hashlib.sha256(path.read_bytes()).hexdigest() for _, path, _ in variants}
+    result["sources"] = [describe_source(path) for path in dict.fromkeys(path for _, path, _ in variants)]
     result["min_gemm_ctas"] = fragment_gemm.MIN_GEMM_CTAS
     try:
         if "dense" not in args.skip:
@@ -189,7 +186,7 @@ def main() -> None:
         if "grouped" not in args.skip:
             result["grouped"] = grouped(variants)
     finally:
-        _use(ours)
+        use_source(ours)
     if args.out:
         write_record(args.out, result)
 

@@ -433,15 +433,15 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, GEMM_GROUPS == 1 ? 2 : 
         wbase[h] = w_words + gi * 32 + lane;
         sbase[h] = w_scales + gi * 8;
     }
-    // This thread's activation pieces: 16 bytes (part) of each of the rows threadIdx.x / 16 + 16 i of a step.
-    constexpr int PARTS = STEP * 2 / 16, PIECES = TILE_ROWS * PARTS / (32 * WARPS);
+    // This thread's activation pieces: 16 bytes (part) of each of PIECES rows of a step.
+    constexpr int PARTS = STEP * 2 / 16, PIECES = TILE_ROWS * PARTS / (32 * WARPS), ROW_STEP = 32 * WARPS / PARTS;
     static_assert(TILE_ROWS * PARTS % (32 * WARPS) == 0, "a step's activation pieces split evenly over the CTA");
-    const int part = threadIdx.x % PARTS;
+    const int part = threadIdx.x % PARTS, row0 = (int)threadIdx.x / PARTS;  // piece i: row row0 + i * ROW_STEP
     const u16* xsrc[PIECES];
     bool xok[PIECES];
 #pragma unroll
     for (int i = 0; i < PIECES; ++i) {
-        const int r = row_start + (int)threadIdx.x / PARTS + i * (32 * WARPS / PARTS);
+        const int r = row_start + row0 + i * ROW_STEP;
         xok[i] = r < row_end;
         xsrc[i] = x + (xok[i] ? source_row(x_rows, r) : 0) * k;  // a row's start: valid even where nothing is read
     }
@@ -461,8 +461,7 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, GEMM_GROUPS == 1 ? 2 : 
             for (int i = 0; i < PIECES; ++i) {
                 const int element = step * STEP + part * 8;
                 const bool ok = xok[i] && element < k;
-                const int row = (int)threadIdx.x / PARTS + i * (32 * WARPS / PARTS);
-                copy_async16(stage + row * X_STRIDE + part * 16, xsrc[i] + (ok ? element : 0), ok);
+                copy_async16(stage + (row0 + i * ROW_STEP) * X_STRIDE + part * 16, xsrc[i] + (ok ? element : 0), ok);
             }
             unsigned char* wstage = stage + TILE_ROWS * X_STRIDE + warp * W_BYTES;
 #pragma unroll

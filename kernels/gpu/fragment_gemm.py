@@ -186,10 +186,15 @@ def gemm_tile(row_tiles: int, groups: int, shared_bytes: int) -> GemmTile:
     if row_tiles < 1 or groups < 1:
         raise ValueError(f"fragment gemm: {row_tiles} row tiles of {groups} column groups is no product to tile")
     for tile in GEMM_TILES:
-        ctas = row_tiles * -(-groups // (GEMM_WARPS * tile[0]))
+        ctas = row_tiles * gemm_column_ctas(groups, tile)
         if gemm_shared_bytes(tile) <= shared_bytes and (tile[0] == 1 or ctas >= MIN_GEMM_CTAS):
             return tile
     raise ValueError(f"fragment gemm: no tile's ring fits {shared_bytes} bytes of shared memory")
+
+
+def gemm_column_ctas(groups: int, tile: GemmTile) -> int:
+    """gemm CTAs along N for a weight of ``groups`` column groups: each covers its warps' groups."""
+    return -(-groups // (GEMM_WARPS * tile[0]))
 
 
 def gemm_shared_bytes(tile: GemmTile) -> int:
@@ -330,7 +335,7 @@ def launch(
             block = (32 * _gemv_warps(tile, fragments.k), 1, 1)
             gemv_kernel(grid=grid, block=block, args=args, shared_mem=shared)
         else:
-            grid = (grid_rows, -(-groups // (GEMM_WARPS * gemm[0])), 1)
+            grid = (grid_rows, gemm_column_ctas(groups, gemm), 1)
             gemm_kernel(grid=grid, block=(32 * GEMM_WARPS, 1, 1), args=args, shared_mem=gemm_shared_bytes(gemm))
 
 
