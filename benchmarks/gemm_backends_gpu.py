@@ -1,8 +1,8 @@
-"""The NVFP4 GEMM kernels side by side on the GPU, to set where each runs (``CROSSOVER_ROWS`` in
-``kernels/gpu/gemm.py``): the CUDA fragment kernels ``gemv`` and ``gemm``, with cuBLAS bf16 beside them
-(and the portable Triton kernel at small row counts), over the row counts a sampler and a trainer use,
-dense and grouped. All give the same bits (checked here on every measured shape), so the choice is speed
-only. ``--sweep`` times gemv's launch parameters instead.
+"""The NVFP4 GEMM kernels side by side on the GPU, to set where each runs (``DENSE_CROSSOVER_ROWS`` and
+``GROUPED_CROSSOVER_ROWS`` in ``kernels/gpu/gemm.py``): the CUDA fragment kernels ``gemv`` and ``gemm``, with cuBLAS
+bf16 beside them (and the portable Triton kernel at small row counts), over the row counts a sampler and a trainer
+use, dense and grouped. All give the same bits (checked here on every measured shape), so the choice is speed only.
+``--sweep`` times gemv's launch parameters instead.
 
 Timed as benchmarks/kernels_gpu.py times (CUDA-graph replay, weights rotated through > 256 MB so L2 is
 cold). Run on the GPU machine:
@@ -229,8 +229,9 @@ def main() -> None:
                 crossover([r for r in result["grouped"] if r["shape"][1:] == [n, k]], "rows_per_expert")
                 for n, k in ((2 * INTER, HIDDEN), (HIDDEN, INTER))
             ]
-        result["crossover_rows"] = {
-            "dense": min(result.get("crossover_rows_dense_per_shape", [0])),
+        dense_rows = result.get("crossover_rows_dense_per_shape", [])
+        result["crossover_rows"] = {  # dense: (N x K, rows) per shape, as DENSE_CROSSOVER_ROWS takes them
+            "dense": [[n * k, rows] for (n, k), rows in zip(DENSE_SHAPES[: len(dense_rows)], dense_rows, strict=True)],
             "grouped": min(result.get("crossover_rows_grouped_per_shape", [0])),
         }
         print(f"crossover (gemv up to these rows per weight, gemm beyond): {result['crossover_rows']}")

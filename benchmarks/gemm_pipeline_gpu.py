@@ -1,11 +1,12 @@
-"""gemm's tiles (column groups per warp, stages of its cp.async ring) on the GPU, side by side with cuBLAS bf16,
-gemv at the rows where the two kernels cross, and optionally an earlier ``fragment_gemm.cu`` whose gemm is
+"""gemm's tiles (column groups per warp, stages of its cp.async ring, warps per CTA) on the GPU, side by side with
+cuBLAS bf16, gemv at the rows where the two kernels cross, and optionally an earlier ``fragment_gemm.cu`` whose gemm is
 launched as one group a warp (the grid and block of the gemm before the ring: 64 rows × 8 column groups a CTA,
 256 threads). Every output is compared bit for bit with the default tile's, and each tile's CTA count is
 recorded, so the dispatch's rule (``fragment_gemm.GEMM_TILES``, ``MIN_GEMM_CTAS``) can be read off the run.
 
 Dense products are timed as benchmarks/kernels_gpu.py times them (CUDA-graph replay, weights rotated through
-> 256 MB so L2 is cold); grouped ones on a 128-expert 1536×2048 stack (216 MB). Run on the GPU machine, e.g.:
+> 256 MB so L2 is cold); grouped ones on a 128-expert layer's 1536×2048 and 2048×768 stacks. Run on the GPU
+machine, e.g.:
 
     git show 413b04e:kernels/gpu/fragment_gemm.cu > /tmp/before.cu
     python -m benchmarks.gemm_pipeline_gpu --against /tmp/before.cu --out benchmarks/results/h100_gemm_pipeline.json
@@ -14,7 +15,6 @@ Dense products are timed as benchmarks/kernels_gpu.py times them (CUDA-graph rep
 from __future__ import annotations
 
 import argparse
-import itertools
 from pathlib import Path
 
 import torch
@@ -26,24 +26,29 @@ from benchmarks.machine import describe, write_record
 from nibble.kernels.gpu import fragment_gemm
 from nibble.kernels.gpu import gemm as gpu_gemm
 
-DENSE = {(8192, 7168): (32, 64, 96, 128, 256, 1024, 8192), (4096, 4096): (64, 128, 1024, 8192)}
-GROUPED = (1536, 2048)
-GROUPED_ROWS_PER_EXPERT = (16, 64, 256)
-EARLIER_TILE = (1, 2)  # launches an earlier gemm with its own grid and block; its ring is unused there
+DENSE = {
+    (8192, 7168): (32, 48, 64, 96, 128, 192, 256, 1024, 8192),
+    (4096, 4096): (32, 64, 96, 128, 256, 1024, 8192),
+    (1536, 2048): (32, 64, 128, 256, 1024),
+}
+GROUPED = ((1536, 2048), (2048, 768))  # a 128-expert layer's gate/up and down projections
+GROUPED_ROWS_PER_EXPERT = (8, 16, 32, 64, 256)
+GEMV_ROWS = 256  # gemv is timed beside up to these rows per weight matrix (where it still has a tile)
+EARLIER_TILE = (1, 2, 8)  # launches an earlier gemm with its own grid and block; its ring is unused there
 
 
 def tile(text: str) -> fragment_gemm.GemmTile:
-    """``G,S`` on the command line: column groups per warp, stages."""
+    """``G,S,W`` on the command line: column groups per warp, stages, warps per CTA."""
     try:
-        groups, stages = (int(v) for v in text.split(","))
+        groups, stages, warps = (int(v) for v in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: a gemm tile is GROUPS,STAGES, e.g. 2,4") from None
-    if not fragment_gemm.gemm_tile_builds((groups, stages)):
+        raise argparse.ArgumentTypeError(f"{text!r}: a gemm tile is GROUPS,STAGES,WARPS, e.g. 2,4,8") from None
+    if not fragment_gemm.gemm_tile_builds((groups, stages, warps)):
         raise argparse.ArgumentTypeError(
-            f"{text!r}: one or two column groups a warp and at least two stages, whose ring fits "
-            f"{fragment_gemm.MAX_SHARED_BYTES} bytes of shared memory"
+            f"{text!r}: one or two column groups a warp, at least two stages whose ring fits "
+            f"{fragment_gemm.MAX_SHARED_BYTES} bytes of shared memory, and warps among {fragment_gemm.GEMM_WARPS}"
         )
-    return groups, stages
+    return groups, stages, warps
 
 
 def _variants(tiles, also: list[Path], against: Path | None) -> list[tuple[str, Path, fragment_gemm.GemmTile]]:
@@ -86,7 +91,7 @@ def _dense_row(variants, qws, ws, m: int) -> dict:
 
     row = {"shape": [n, k], "m": m}
     row["bf16_us"] = graph_time(lambda i: x @ ws[i].T, len(ws))["graph_s"] * 1e6
-    if m <= 128 and fragment_gemm.gemv_fits(m, k, qx.device):
+    if m <= GEMV_ROWS and fragment_gemm.gemv_fits(m, k, qx.device):
         gemv = graph_time(lambda i: gpu_gemm.fragment_matmul(qx, qws[i], torch.bfloat16, gemv=True), len(qws))
         row["gemv_us"] = gemv["graph_s"] * 1e6
     shared = fragment_gemm.shared_limit(qx.device)
@@ -121,16 +126,24 @@ def _grouped_row(variants, qw, wt, r: int) -> dict:
 
     row = {"shape": [EXPERTS, n, k], "rows_per_expert": r}
     row["bf16_us"] = graph_time(lambda i: torch._grouped_mm(x, wt, offs=offs), 1)["graph_s"] * 1e6
+    if r <= GEMV_ROWS and fragment_gemm.gemv_fits(r, k, qx.device):
+        gemv = graph_time(
+            lambda i: gpu_gemm.fragment_grouped_matmul(qx, qw, experts, None, torch.bfloat16, gemv=True), 1
+        )
+        row["gemv_us"] = gemv["graph_s"] * 1e6
     row["gemm"] = _time_variants(variants, run, 1, expected, lambda t: None)
     print(_line(f"grouped {EXPERTS}x{n}x{k} rows/expert={r:3d}", row), flush=True)
     return row
 
 
 def grouped(variants) -> list[dict]:
-    n, k = GROUPED
-    qw = packed_stack(torch.randn(EXPERTS, n, k, device="cuda", dtype=torch.bfloat16) / k**0.5)
-    wt = torch.randn(EXPERTS, k, n, device="cuda", dtype=torch.bfloat16)
-    return [_grouped_row(variants, qw, wt, r) for r in GROUPED_ROWS_PER_EXPERT]
+    rows = []
+    for n, k in GROUPED:
+        qw = packed_stack(torch.randn(EXPERTS, n, k, device="cuda", dtype=torch.bfloat16) / k**0.5)
+        wt = torch.randn(EXPERTS, k, n, device="cuda", dtype=torch.bfloat16)
+        rows += [_grouped_row(variants, qw, wt, r) for r in GROUPED_ROWS_PER_EXPERT]
+        del qw, wt
+    return rows
 
 
 def _line(label: str, row: dict) -> str:
@@ -151,8 +164,8 @@ def main() -> None:
         help="variants of the working tree's fragment_gemm.cu (same macros and launch), timed at every tile",
     )  # fmt: skip
     parser.add_argument(
-        "--tiles", nargs="+", type=tile, default=list(itertools.product((1, 2), (2, 3, 4))),
-        help="gemm tiles GROUPS,STAGES to time (default: 1-2 groups x 2-4 stages)",
+        "--tiles", nargs="+", type=tile, default=list(fragment_gemm.GEMM_TILES),
+        help="gemm tiles GROUPS,STAGES,WARPS to time (default: fragment_gemm.GEMM_TILES)",
     )  # fmt: skip
     parser.add_argument("--skip", nargs="*", default=[], choices=["dense", "grouped"])
     parser.add_argument("--out", type=Path, default=None, help="results JSON")
@@ -165,7 +178,7 @@ def main() -> None:
     if len({p.name for p in args.also}) < len(args.also):
         parser.error("--also: two sources of the same file name (their results are keyed by it)")
     if len(set(args.tiles)) < len(args.tiles):
-        parser.error(f"--tiles: a tile given twice ({' '.join(f'{g},{s}' for g, s in args.tiles)})")
+        parser.error(f"--tiles: a tile given twice ({' '.join(','.join(map(str, t)) for t in args.tiles)})")
     if {"dense", "grouped"} <= set(args.skip):
         parser.error("--skip: skipping both dense and grouped leaves nothing to time")
     if args.out is not None and (args.out.is_dir() or not args.out.parent.is_dir()):
@@ -175,7 +188,7 @@ def main() -> None:
     torch.manual_seed(0)
     ours = fragment_gemm.SOURCE
     variants = _variants(args.tiles, args.also, args.against)
-    command = "python -m benchmarks.gemm_pipeline_gpu --tiles " + " ".join(f"{g},{s}" for g, s in args.tiles)
+    command = "python -m benchmarks.gemm_pipeline_gpu --tiles " + " ".join(",".join(map(str, t)) for t in args.tiles)
     command += "".join(f" --also {p}" for p in args.also) + (f" --against {args.against}" if args.against else "")
     result = {"machine": describe(), "command": command, "default_tiles": fragment_gemm.GEMM_TILES}
     result["sources"] = [describe_source(path) for path in dict.fromkeys(path for _, path, _ in variants)]

@@ -28,12 +28,12 @@ def main() -> None:
         type=int,
         default=None,
         help="a tile instead of the default: gemv's (rows, prefetch, warps, groups, staged, column warps) or "
-        "gemm's (groups per warp, stages)",
+        "gemm's (groups per warp, stages, warps)",
     )
     args = parser.parse_args()
     gemv = args.kernel == "gemv"
-    if args.tile and len(args.tile) != (6 if gemv else 2):
-        parser.error(f"--tile: {args.kernel} takes {6 if gemv else 2} values, got {len(args.tile)}")
+    if args.tile and len(args.tile) != (6 if gemv else 3):
+        parser.error(f"--tile: {args.kernel} takes {6 if gemv else 3} values, got {len(args.tile)}")
     builds = fragment_gemm.tile_builds if gemv else fragment_gemm.gemm_tile_builds
     if args.tile and not builds(tuple(args.tile)):
         values = " ".join(map(str, args.tile))

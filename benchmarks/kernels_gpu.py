@@ -130,7 +130,7 @@ def _dense_row(m: int, n: int, k: int, ws: list[torch.Tensor], qws: list[NVFP4Te
         "dequantize_then_cublas": decoded,
         "speedup_gemm": bf16["graph_s"] / kernel["graph_s"],
         "speedup_quantize_and_gemm": bf16["graph_s"] / fused["graph_s"],
-        "path": _dense_path(m),
+        "path": _dense_path(m, n, k),
     }
     print(
         f"dense {n}x{k} M={m:5d}: bf16 {bf16['graph_s'] * 1e6:8.1f} us  nvfp4 {kernel['graph_s'] * 1e6:8.1f} us "
@@ -142,8 +142,8 @@ def _dense_row(m: int, n: int, k: int, ws: list[torch.Tensor], qws: list[NVFP4Te
     return row
 
 
-def _dense_path(m: int) -> str:
-    return "CUDA fragment gemv" if m <= gpu_gemm.CROSSOVER_ROWS["dense"] else "CUDA fragment gemm"
+def _dense_path(m: int, n: int, k: int) -> str:
+    return "CUDA fragment gemv" if m <= gpu_gemm.dense_crossover_rows(n, k) else "CUDA fragment gemm"
 
 
 def bench_moe(tokens: int, copy_bw: float) -> dict:
@@ -208,7 +208,7 @@ def bench_moe(tokens: int, copy_bw: float) -> dict:
         "tokens": tokens,
         "experts_used": used,
         "nvfp4_path": "CUDA fragment gemv"
-        if tokens * top_k / e <= gpu_gemm.CROSSOVER_ROWS["grouped"]
+        if tokens * top_k / e <= gpu_gemm.GROUPED_CROSSOVER_ROWS
         else "CUDA fragment gemm",
         "bf16_path": bf16_path,
         "bf16": bf16_t,

@@ -6,8 +6,8 @@ as the Triton kernel and as the CPU reference, whatever the row count. ``gemv`` 
 (a sampler's decode step): each thread loads 16 bytes holding its part of four blocks and decodes them with
 one to three integer operations per pair of codes, straight into tensor-core registers, and K is split over
 the warps of a CTA. ``gemm`` serves many rows (prefill, the trainer): 64 activation rows at a time are
-streamed through a ring of shared-memory stages, with the weights, and shared by eight warps, each decoding
-one or two 16-row groups of the weight (:data:`GEMM_TILES`).
+streamed through a ring of shared-memory stages, with the weights, and shared by the CTA's warps (four or
+eight), each decoding one or two 16-row groups of the weight (:data:`GEMM_TILES`).
 
 Needs a GPU with compute capability ≥ 8.9 (the E4M3 conversion instruction: Ada, Hopper, Blackwell) and
 PyTorch's NVRTC binding (``torch.cuda._compile_kernel``); where either is missing :func:`available` is
@@ -60,18 +60,19 @@ MIN_COLUMN_GROUP_CTAS = 128
 STAGED_GEMV_TILES = ((8, 4, 16, 2, 1, 1), (8, 4, 8, 1, 1, 1), (16, 4, 8, 2, 1, 1), (16, 4, 8, 1, 1, 1))
 STAGED_MAX_ELEMENTS = 1 << 24
 GEMM_ROWS = 64  # activation rows per CTA of gemm: 8 n8 tiles per warp
-GEMM_WARPS = 8  # warps per CTA of gemm, side by side along N
-GemmTile = tuple[int, int]  # gemm: (column groups per warp, steps of K in flight: the ring's stages)
-# gemm tiles in order of preference: the first whose ring fits a CTA's shared memory and that takes one group a
-# warp or still launches MIN_GEMM_CTAS CTAs (row tiles × column CTAs) serves. Two groups a warp halve the
-# activation reads (shared memory and L2) per tensor-core product but also the CTA count, and hold 242
-# registers a thread (one CTA an SM); one group a warp keeps two CTAs an SM, and its two stages fit Ada's 99 KB.
-# Launch parameters only: every tile gives the same bits. H100, benchmarks/gemm_pipeline_gpu.py
-# (h100_gemm_pipeline.json), 8192 x 7168: two groups 1.10-1.15x faster from 128 CTAs of them up (M = 256: 118.0
-# against 131.9 us; 1024: 451.6 against 498.5; 8192: 3793 against 4307), one group 1.5x faster below (M = 128,
-# 64 CTAs of two groups: 78.4 against 115.9); two stages beat four there (78.4 against 83.6), and three and
-# four stages of two groups are within 1.3% of each other on dense products (four 3% faster on the 256-row grouped one).
-GEMM_TILES: tuple[GemmTile, ...] = ((2, 4), (1, 2))
+GEMM_WARPS = (2, 4, 8)  # warps a gemm CTA may have, side by side along N (each copies 32 / warps activation pieces)
+GemmTile = tuple[int, int, int]  # gemm: (column groups per warp, steps of K in flight: the ring's stages, warps)
+# gemm tiles in order of preference: the first whose ring fits a CTA's shared memory and that launches MIN_GEMM_CTAS
+# CTAs (row tiles × column CTAs) serves, else the last that fits (the most CTAs). Two groups a warp halve the
+# activation reads (shared memory and L2) per tensor-core product but also the CTA count, and hold 242 registers a
+# thread (8 warps an SM); one group a warp keeps 16 warps an SM, and its two stages fit Ada's 99 KB. Four warps a
+# CTA double the CTAs of a product whose eight-warp CTAs leave SMs idle. Launch parameters only: every tile gives
+# the same bits. H100, benchmarks/gemm_pipeline_gpu.py (h100_gemm_tiles.json), us, the tile taken against the
+# best of seven: 8192 x 7168 M = 64 (1, 2, 4) 55.4, its best (eight warps 76.3); M = 128 (2, 4, 4) 75.8, best;
+# M = 192 118.8 against 112.0; M = 1024 (2, 4, 8) 455.9 against 451.3; 4096 x 4096 M = 64 and 128 (1, 2, 4) 34.0
+# and 34.3, best (eight warps 46.0 and 46.3); 1536 x 2048 M = 1024 (2, 4, 4) 39.9 against 37.3; grouped
+# 128 x 1536 x 2048 at 16 rows an expert (2, 4, 8) 217.2 against 211.8.
+GEMM_TILES: tuple[GemmTile, ...] = ((2, 4, 8), (2, 4, 4), (1, 2, 8), (1, 2, 4))
 MIN_GEMM_CTAS = 128
 MAX_SHARED_BYTES = 232448  # the most shared memory a CTA can opt in to on any GPU so far (Hopper, Blackwell: 227 KB)
 
@@ -182,36 +183,41 @@ def tile_builds(tile: GemvTile) -> bool:
 def gemm_tile(row_tiles: int, groups: int, shared_bytes: int) -> GemmTile:
     """gemm's tile for ``row_tiles`` CTAs along M (at most, for a grouped product), a weight of ``groups`` column
     groups (N / 16) and ``shared_bytes`` a CTA may take (:func:`shared_limit`): the first of :data:`GEMM_TILES`
-    whose ring fits and that takes one group a warp or launches :data:`MIN_GEMM_CTAS` CTAs."""
+    whose ring fits and that launches :data:`MIN_GEMM_CTAS` CTAs, else the last whose ring fits.
+
+    Raises:
+        ValueError: no rows or no column groups; no tile's ring fits ``shared_bytes``.
+    """
     if row_tiles < 1 or groups < 1:
         raise ValueError(f"fragment gemm: {row_tiles} row tiles of {groups} column groups is no product to tile")
-    for tile in GEMM_TILES:
-        ctas = row_tiles * gemm_column_ctas(groups, tile)
-        if gemm_shared_bytes(tile) <= shared_bytes and (tile[0] == 1 or ctas >= MIN_GEMM_CTAS):
-            return tile
-    raise ValueError(f"fragment gemm: no tile's ring fits {shared_bytes} bytes of shared memory")
+    fitting = [tile for tile in GEMM_TILES if gemm_shared_bytes(tile) <= shared_bytes]
+    if not fitting:
+        raise ValueError(f"fragment gemm: no tile's ring fits {shared_bytes} bytes of shared memory")
+    enough = (tile for tile in fitting if row_tiles * gemm_column_ctas(groups, tile) >= MIN_GEMM_CTAS)
+    return next(enough, fitting[-1])
 
 
 def gemm_column_ctas(groups: int, tile: GemmTile) -> int:
     """gemm CTAs along N for a weight of ``groups`` column groups: each covers its warps' groups."""
-    return -(-groups // (GEMM_WARPS * tile[0]))
+    return -(-groups // (tile[2] * tile[0]))
 
 
 def gemm_shared_bytes(tile: GemmTile) -> int:
     """Shared memory of one gemm CTA, bytes: per stage, the step's 128 elements of K for its 64 rows (288 bytes
     a row with the bank pad: ``X_STRIDE`` of fragment_gemm.cu) and each warp's weight words and scales (576
     bytes per group and quad, ``W_BYTES``)."""
-    groups, stages = tile
-    return stages * (GEMM_ROWS * 288 + GEMM_WARPS * groups * 2 * 576)
+    groups, stages, warps = tile
+    return stages * (GEMM_ROWS * 288 + warps * groups * 2 * 576)
 
 
 def gemm_tile_builds(tile: GemmTile) -> bool:
-    """Whether ``tile`` makes a gemm kernel: two integers, one or two column groups a warp (a warp's 32 lanes copy
-    the step's 16 scale pairs per group) and a ring of at least two stages that fits the most shared memory a CTA
-    can have on any GPU (:data:`MAX_SHARED_BYTES`)."""
-    if len(tile) != 2 or not all(isinstance(v, int) for v in tile):
+    """Whether ``tile`` makes a gemm kernel: three integers, one or two column groups a warp (a warp's 32 lanes copy
+    the step's 16 scale pairs per group), a ring of at least two stages that fits the most shared memory a CTA
+    can have on any GPU (:data:`MAX_SHARED_BYTES`) and warps among :data:`GEMM_WARPS`."""
+    if len(tile) != 3 or not all(isinstance(v, int) for v in tile):
         return False
-    return tile[0] in (1, 2) and tile[1] >= 2 and gemm_shared_bytes(tile) <= MAX_SHARED_BYTES
+    groups, stages, warps = tile
+    return groups in (1, 2) and stages >= 2 and warps in GEMM_WARPS and gemm_shared_bytes(tile) <= MAX_SHARED_BYTES
 
 
 def source(tile: GemvTile, grouped: bool, gather: bool, bf16: bool, gemm: GemmTile = GEMM_TILES[-1]) -> str:
@@ -228,8 +234,8 @@ def source(tile: GemvTile, grouped: bool, gather: bool, bf16: bool, gemm: GemmTi
         )
     if not gemm_tile_builds(tuple(gemm)):
         raise ValueError(
-            f"gemm tile {gemm}: two integers, one or two column groups a warp and at least two stages, "
-            f"whose ring fits {MAX_SHARED_BYTES} bytes"
+            f"gemm tile {gemm}: three integers, one or two column groups a warp, at least two stages whose ring "
+            f"fits {MAX_SHARED_BYTES} bytes, and {' or '.join(map(str, GEMM_WARPS))} warps"
         )
     rows, prefetch, warps, column_groups, staged, column_warps = tile
     defines = {
@@ -237,7 +243,7 @@ def source(tile: GemvTile, grouped: bool, gather: bool, bf16: bool, gemm: GemmTi
         "PREFETCH": prefetch,
         "GROUPS": column_groups,
         "COLUMN_WARPS": column_warps,
-        "WARPS": GEMM_WARPS,
+        "WARPS": gemm[2],
         "TILE_ROWS": GEMM_ROWS,
         "GEMM_GROUPS": gemm[0],
         "GEMM_STAGES": gemm[1],
@@ -245,7 +251,7 @@ def source(tile: GemvTile, grouped: bool, gather: bool, bf16: bool, gemm: GemmTi
         "GROUPED": int(grouped),
         "GATHER": int(gather),
         "OUT_BF16": int(bf16),
-        "MAX_THREADS": 32 * max(warps * column_warps, GEMM_WARPS),
+        "MAX_THREADS": 32 * max(warps * column_warps, gemm[2]),
         "STAGE": int(staged),
     }
     return "".join(f"#define {name} {value}\n" for name, value in defines.items()) + SOURCE.read_text()
@@ -336,7 +342,7 @@ def launch(
             gemv_kernel(grid=grid, block=block, args=args, shared_mem=shared)
         else:
             grid = (grid_rows, gemm_column_ctas(groups, gemm), 1)
-            gemm_kernel(grid=grid, block=(32 * GEMM_WARPS, 1, 1), args=args, shared_mem=gemm_shared_bytes(gemm))
+            gemm_kernel(grid=grid, block=(32 * gemm[2], 1, 1), args=args, shared_mem=gemm_shared_bytes(gemm))
 
 
 def rows_per_cta(rows_per_matrix: float, gemv: bool) -> int:

@@ -1,10 +1,11 @@
 """Launchers for the NVFP4 GEMMs: dense ``x @ W.T`` and grouped (one launch per MoE layer).
 
-Three kernels compute the block-ordered sum of docs/design.md §2.6 and so give every row the same bits: on
-CUDA the fragment kernels of :mod:`.fragment_gemm` — ``gemv`` up to :data:`CROSSOVER_ROWS` rows per weight
-matrix, ``gemm`` beyond — on weights in the fragment layout (a sampler's packed weights carry it; other
-weights, the trainer's quantised-per-forward ones, are rearranged on the way in); the packed Triton kernel
-(:mod:`.nvfp4_gemm`) where those do not compile, and in the CPU test suite through Triton's interpreter.
+Three kernels compute the block-ordered sum of docs/design.md §2.6 and so give every row the same bits: on CUDA the
+fragment kernels of :mod:`.fragment_gemm` — ``gemv`` up to a measured number of rows per weight matrix
+(:func:`dense_crossover_rows`, :data:`GROUPED_CROSSOVER_ROWS`), ``gemm`` beyond — on weights in the fragment layout
+(a sampler's packed weights carry it; other weights, the trainer's quantised-per-forward ones, are rearranged on the
+way in); the packed Triton kernel (:mod:`.nvfp4_gemm`) where those do not compile, and in the CPU test suite through
+Triton's interpreter.
 """
 
 from __future__ import annotations
@@ -21,9 +22,13 @@ from .nvfp4 import dequantize
 from .nvfp4_gemm import nvfp4_gemm_kernel
 from .row_invariance import row_tile
 
-# Rows per weight matrix up to which gemv beats gemm (dense products: M; grouped: rows per expert), measured
-# on the H200 by benchmarks/gemm_backends_gpu.py (benchmarks/results/h200_gemm_backends.json, "crossover_rows").
-CROSSOVER_ROWS = {"dense": 96, "grouped": 16}
+# Rows per weight matrix up to which gemv beats gemm, measured by benchmarks/gemm_backends_gpu.py ("crossover_rows"
+# of its record; benchmarks/results/h100_gemm_backends.json). Dense products (M rows) by the weight's size, as
+# (N x K of a measured weight, rows), largest weight first: gemm fills the GPU with CTAs only from larger weights,
+# so the crossover falls as the weight grows (H100: 8192 x 7168 at M = 48 gemm 2% faster, 4096 x 4096 at M = 96
+# 3%, 1536 x 2048 tied at M = 256). Grouped products by rows per expert.
+DENSE_CROSSOVER_ROWS = ((8192 * 7168, 32), (4096 * 4096, 64), (1536 * 2048, 256))
+GROUPED_CROSSOVER_ROWS = 16
 BLOCK_N = 64
 # The Triton interpreter (CPU tests) runs a smaller tile.
 _INTERPRETER_BLOCK_N = 32
@@ -98,6 +103,13 @@ def cuda_kernels(device: torch.device) -> bool:
     )
 
 
+def dense_crossover_rows(n: int, k: int) -> int:
+    """Rows up to which ``gemv`` serves a dense product with an ``[n, k]`` weight: the entry of
+    :data:`DENSE_CROSSOVER_ROWS` for the largest measured weight no larger than this one (the smallest's below
+    them all)."""
+    return next((rows for elements, rows in DENSE_CROSSOVER_ROWS if n * k >= elements), DENSE_CROSSOVER_ROWS[-1][1])
+
+
 def matmul(qx: NVFP4Tensor, qw: NVFP4Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """``dequantize(qx) @ dequantize(qw).T``, block-ordered (docs/design.md §2.6).
 
@@ -119,8 +131,8 @@ def fragment_matmul(
     gemv: bool | None = None,
     tile: fragment_gemm.GemvTile | fragment_gemm.GemmTile | None = None,
 ) -> torch.Tensor:
-    """:func:`matmul` through the CUDA fragment kernels. ``gemv``: which kernel (default: by
-    :data:`CROSSOVER_ROWS`); ``tile``: a tile of that kernel other than its default (benchmarks choose their
+    """:func:`matmul` through the CUDA fragment kernels. ``gemv``: which kernel (default: gemv up to
+    :func:`dense_crossover_rows`); ``tile``: a tile of that kernel other than its default (benchmarks choose their
     own)."""
     m = qx.shape[0]
     kernel_dtype = out_dtype if out_dtype in _CUDA_OUT else torch.float32
@@ -129,7 +141,7 @@ def fragment_matmul(
         x, xg = _activations(qx)
         wg = qw.global_scale.reshape(1).to(torch.float32)
         if gemv is None:
-            gemv = m <= CROSSOVER_ROWS["dense"] and fragment_gemm.gemv_fits(m, qx.shape[1], qx.device)
+            gemv = m <= dense_crossover_rows(*qw.shape) and fragment_gemm.gemv_fits(m, qx.shape[1], qx.device)
         fragment_gemm.launch(x, xg, _fragments(qw), wg, out, rows_per_matrix=m, gemv=gemv, tile=tile)
     return out.to(out_dtype)
 
@@ -207,9 +219,7 @@ def fragment_grouped_matmul(
         wg = qw.global_scale.to(torch.float32).contiguous()
         per_expert = r / num_experts
         if gemv is None:
-            gemv = per_expert <= CROSSOVER_ROWS["grouped"] and fragment_gemm.gemv_fits(
-                per_expert, qx.shape[1], qx.device
-            )
+            gemv = per_expert <= GROUPED_CROSSOVER_ROWS and fragment_gemm.gemv_fits(per_expert, qx.shape[1], qx.device)
         rows = tile[0] if gemv and tile is not None else fragment_gemm.rows_per_cta(per_expert, gemv)
         tile_expert, tile_start, tile_end, num_tiles, max_tiles = expert_tiles(experts, num_experts, rows)
         fragment_gemm.launch(

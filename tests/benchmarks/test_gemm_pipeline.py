@@ -28,10 +28,12 @@ def test_bad_input_is_refused_with_the_option_it_came_by(monkeypatch, capsys, tm
     text = tmp_path / "notes.txt"
     text.write_text("not CUDA\n")
     cases = {
-        ("--tiles", "2,7"): "whose ring fits",
-        ("--tiles", "3,4"): "one or two column groups",
-        ("--tiles", "2,x"): "GROUPS,STAGES",
-        ("--tiles", "2,4", "2,4"): "a tile given twice",
+        ("--tiles", "2,7,8"): "whose ring fits",
+        ("--tiles", "3,4,8"): "one or two column groups",
+        ("--tiles", "1,2,3"): "warps among",
+        ("--tiles", "2,x,8"): "GROUPS,STAGES,WARPS",
+        ("--tiles", "2,4"): "GROUPS,STAGES,WARPS",
+        ("--tiles", "2,4,8", "2,4,8"): "a tile given twice",
         ("--also", str(text)): "not a CUDA source",
         ("--also", str(source), str(twin)): "same file name",
         ("--against", str(tmp_path / "missing.cu")): "no such file",

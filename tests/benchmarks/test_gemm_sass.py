@@ -9,9 +9,9 @@ pytest.importorskip("triton", reason="the triton package (its nvdisasm) is not i
 from benchmarks.gemm_sass import loop_opcodes
 
 
-@pytest.mark.parametrize("groups", [1, 2])
-def test_the_loop_of_a_step_is_found_by_its_instructions(groups):
-    counts = loop_opcodes((groups, 2))
+@pytest.mark.parametrize("groups,warps", [(1, 8), (2, 8), (1, 4)])
+def test_the_loop_of_a_step_is_found_by_its_instructions(groups, warps):
+    counts = loop_opcodes((groups, 2, warps))
     blocks, tiles = 8, 8
     assert counts["HMMA"] == blocks * tiles * groups
     assert counts["FADD"] >= blocks * tiles * groups * 4  # 4 outputs a lane per mma; the chunk-end adds on top

@@ -6,6 +6,7 @@ reference's bits on every row — which is what lets the sampler decode with one
 score with another.
 """
 
+import itertools
 import re
 
 import pytest
@@ -181,18 +182,34 @@ def test_the_shared_memory_planned_for_a_staged_tile_is_what_the_kernel_addresse
             assert fragment_gemm._gemv_shared_bytes(tile, k) == expected, (tile, k)
 
 
-def test_gemm_takes_two_groups_a_warp_only_where_the_product_keeps_enough_ctas():
-    # CTAs = row tiles x column CTAs of 8 warps x groups a warp, at least MIN_GEMM_CTAS for two groups
-    wide, narrow = fragment_gemm.GEMM_TILES
-    assert wide[0] == 2 and narrow[0] == 1
+def test_gemm_takes_the_first_tile_that_still_launches_enough_ctas():
+    # CTAs = row tiles x column CTAs of warps x groups a warp; the last tile where none launches MIN_GEMM_CTAS
     need = fragment_gemm.MIN_GEMM_CTAS
-    rows_8192 = -(-need // 32)  # 8192 columns: 32 CTAs of 16 groups per row tile
-    assert fragment_gemm.gemm_tile(rows_8192, 512, HOPPER_SHARED) == wide
-    assert fragment_gemm.gemm_tile(rows_8192 - 1, 512, HOPPER_SHARED) == narrow
-    assert fragment_gemm.gemm_tile(need, 16, HOPPER_SHARED) == wide  # one column CTA whatever the groups a warp
-    assert fragment_gemm.gemm_tile(need - 1, 16, HOPPER_SHARED) == narrow
-    assert fragment_gemm.gemm_tile(need, 17, HOPPER_SHARED) == wide  # the last CTA part empty
-    assert fragment_gemm.gemm_tile(1, 1, HOPPER_SHARED) == narrow
+    for row_tiles, groups in ((1, 1), (1, 256), (2, 512), (3, 512), (4, 512), (16, 96), (128, 512), (1000, 17)):
+        tile = fragment_gemm.gemm_tile(row_tiles, groups, HOPPER_SHARED)
+        ctas = [row_tiles * fragment_gemm.gemm_column_ctas(groups, t) for t in fragment_gemm.GEMM_TILES]
+        index = fragment_gemm.GEMM_TILES.index(tile)
+        assert all(c < need for c in ctas[:index]), (row_tiles, groups, tile)
+        assert ctas[index] >= need or index == len(ctas) - 1, (row_tiles, groups, tile)
+    wide = fragment_gemm.GEMM_TILES[0]
+    per_cta = wide[0] * wide[2]
+    assert fragment_gemm.gemm_tile(need, per_cta, HOPPER_SHARED) == wide  # one column CTA
+    assert fragment_gemm.gemm_tile(need, per_cta + 1, HOPPER_SHARED) == wide  # the last CTA part empty
+    assert fragment_gemm.gemm_tile(need - 1, per_cta, HOPPER_SHARED) != wide
+    assert fragment_gemm.gemm_tile(1, 1, HOPPER_SHARED) == fragment_gemm.GEMM_TILES[-1]
+
+
+def test_dense_products_cross_to_gemm_at_fewer_rows_the_larger_the_weight():
+    table = gpu_gemm.DENSE_CROSSOVER_ROWS
+    assert [e for e, _ in table] == sorted((e for e, _ in table), reverse=True)
+    assert [r for _, r in table] == sorted(r for _, r in table)
+    for elements, rows in table:
+        n = elements // 1024
+        assert gpu_gemm.dense_crossover_rows(n, 1024) == rows
+        assert gpu_gemm.dense_crossover_rows(n + 1, 1024) == rows  # larger: the measured weight's rows still
+    for (elements, _), (_, smaller_rows) in itertools.pairwise(table):
+        assert gpu_gemm.dense_crossover_rows(elements // 1024 - 1, 1024) == smaller_rows
+    assert gpu_gemm.dense_crossover_rows(16, 16) == table[-1][1]
 
 
 def test_gemm_takes_a_tile_whose_ring_fits_the_shared_memory_of_the_gpu():
@@ -201,29 +218,29 @@ def test_gemm_takes_a_tile_whose_ring_fits_the_shared_memory_of_the_gpu():
     for row_tiles, groups in ((1, 1), (1000, 512), (4, 96)):
         assert fragment_gemm.gemm_shared_bytes(fragment_gemm.gemm_tile(row_tiles, groups, ada)) <= ada
     with pytest.raises(ValueError, match="no tile's ring fits"):
-        fragment_gemm.gemm_tile(1000, 512, 48 * 1024)
+        fragment_gemm.gemm_tile(1000, 512, 32 * 1024)
 
 
 def test_the_shared_memory_planned_for_gemm_is_what_the_kernel_addresses():
     # GEMM_STAGES stages of STAGE_BYTES, the macros read from fragment_gemm.cu
     text = fragment_gemm.SOURCE.read_text()
     macros = dict(re.findall(r"#define (STEP|X_STRIDE|W_BYTES|STAGE_BYTES) (\d+|\(.*?\))\s", text))
-    for groups, stages in ((1, 2), (1, 4), (2, 3), (2, 4)):
-        values = {"TILE_ROWS": fragment_gemm.GEMM_ROWS, "WARPS": fragment_gemm.GEMM_WARPS, "GEMM_GROUPS": groups}
+    for groups, stages, warps in ((1, 2, 8), (1, 4, 8), (2, 3, 8), (2, 4, 8), (1, 2, 4), (2, 4, 2)):
+        values = {"TILE_ROWS": fragment_gemm.GEMM_ROWS, "WARPS": warps, "GEMM_GROUPS": groups}
         for name in ("STEP", "X_STRIDE", "W_BYTES", "STAGE_BYTES"):
             expression = macros[name]
             for known, value in values.items():
                 expression = re.sub(rf"\b{known}\b", str(value), expression)
             values[name] = eval(expression)
-        assert fragment_gemm.gemm_shared_bytes((groups, stages)) == stages * values["STAGE_BYTES"]
-    assert fragment_gemm.gemm_shared_bytes((2, 4)) <= HOPPER_SHARED
+        assert fragment_gemm.gemm_shared_bytes((groups, stages, warps)) == stages * values["STAGE_BYTES"]
+    assert all(fragment_gemm.gemm_shared_bytes(tile) <= HOPPER_SHARED for tile in fragment_gemm.GEMM_TILES)
 
 
 def test_a_tile_of_the_other_kernel_is_refused():
     with pytest.raises(ValueError, match="not a tile of that kernel"):
         fragment_gemm.launch(None, None, None, None, None, rows_per_matrix=1, gemv=False, tile=(8, 2, 16, 2, 0, 1))
     with pytest.raises(ValueError, match="not a tile of that kernel"):
-        fragment_gemm.launch(None, None, None, None, None, rows_per_matrix=1, gemv=True, tile=(2, 4))
+        fragment_gemm.launch(None, None, None, None, None, rows_per_matrix=1, gemv=True, tile=(2, 4, 8))
 
 
 def test_column_warps_count_as_column_groups_of_the_cta():
@@ -240,10 +257,12 @@ def test_column_warps_count_as_column_groups_of_the_cta():
     assert not fragment_gemm.tile_builds((8, 2, 8, 1, 0)) and not fragment_gemm.tile_builds((8.0, 2, 8, 1, 0, 1))
 
 
-def test_a_gemm_tile_builds_only_with_two_integer_counts_and_a_ring_that_fits():
-    assert fragment_gemm.gemm_tile_builds((2, 4)) and fragment_gemm.gemm_tile_builds((1, 8))
-    assert not fragment_gemm.gemm_tile_builds((2, 7))  # 258 048 bytes: past any GPU's 227 KB
-    for bad in ((3, 4), (0, 4), (2, 1), (-1, 4), (2, 4, 1), (2,), (1.0, 2), (2, 2.5)):
+def test_a_gemm_tile_builds_only_with_three_integer_counts_a_ring_that_fits_and_known_warps():
+    assert fragment_gemm.gemm_tile_builds((2, 4, 8)) and fragment_gemm.gemm_tile_builds((1, 8, 8))
+    assert fragment_gemm.gemm_tile_builds((1, 2, 4)) and fragment_gemm.gemm_tile_builds((2, 4, 2))
+    assert not fragment_gemm.gemm_tile_builds((2, 7, 8))  # 258 048 bytes: past any GPU's 227 KB
+    bad_tiles = ((3, 4, 8), (0, 4, 8), (2, 1, 8), (-1, 4, 8), (2, 4), (2, 4, 8, 1), (1.0, 2, 8), (2, 2.5, 8))
+    for bad in (*bad_tiles, (1, 2, 1), (1, 2, 3), (1, 2, 16), (1, 2, 8.0)):
         assert not fragment_gemm.gemm_tile_builds(bad), bad
     with pytest.raises(ValueError, match="no product to tile"):
         fragment_gemm.gemm_tile(0, 512, HOPPER_SHARED)
@@ -277,7 +296,9 @@ def test_every_gemv_tile_gives_the_reference_bits(tile, m, n, k):
         assert_same_bits(block_gemm.matmul(_cpu(qx), _cpu(qw), out_dtype), y, f"gemv {tile}")
 
 
-GEMM_TEST_TILES = sorted(set(fragment_gemm.GEMM_TILES) | {(1, 2), (1, 3), (2, 2), (2, 3)})
+GEMM_TEST_TILES = sorted(
+    set(fragment_gemm.GEMM_TILES) | {(1, 2, 8), (1, 3, 8), (2, 2, 8), (2, 3, 8), (2, 4, 4), (1, 3, 4), (1, 2, 2)}
+)
 
 
 @pytest.mark.gpu

@@ -30,8 +30,10 @@ def test_every_form_the_launcher_compiles_builds_for_hopper(tile, grouped, gathe
         assert kernel.encode() in cubin
 
 
+from tests.kernels.test_block_gemm import GEMM_TEST_TILES  # noqa: E402  the GPU tests' tiles
+
 GEMM_BUILDS = [(gemm, *form) for gemm in fragment_gemm.GEMM_TILES for form in FORMS]
-GEMM_BUILDS += [(gemm, False, False, True) for gemm in ((1, 3), (2, 2), (2, 3))]  # the GPU tests' other tiles
+GEMM_BUILDS += [(gemm, False, False, True) for gemm in GEMM_TEST_TILES if gemm not in fragment_gemm.GEMM_TILES]
 
 
 @pytest.mark.parametrize("gemm,grouped,gather,bf16", GEMM_BUILDS)
@@ -41,11 +43,11 @@ def test_every_gemm_tile_builds_for_hopper(gemm, grouped, gather, bf16):
     assert "Compiling entry function 'nvfp4_fragment_gemm' for 'sm_90'" in log
 
 
-def test_a_gemm_tile_of_three_groups_or_one_stage_is_refused():
-    for gemm in ((3, 4), (0, 4), (1, 1)):
+def test_a_gemm_tile_of_three_groups_one_stage_or_odd_warps_is_refused():
+    for gemm in ((3, 4, 8), (0, 4, 8), (1, 1, 8), (1, 2, 3), (1, 2, 16), (2, 4)):
         with pytest.raises(ValueError, match="two stages"):
             fragment_gemm.source(fragment_gemm.GEMV_TILES[0], False, False, True, gemm)
-    source = fragment_gemm.source(fragment_gemm.GEMV_TILES[0], False, False, True, (2, 4))
+    source = fragment_gemm.source(fragment_gemm.GEMV_TILES[0], False, False, True, (2, 4, 8))
     with pytest.raises(BuildError, match="at most two column groups"):
         compile_cubin(source.replace("#define GEMM_GROUPS 2", "#define GEMM_GROUPS 3"), fragment_gemm.NVRTC_OPTIONS, 90)
 
