@@ -1,8 +1,9 @@
 """Two versions of the CUDA fragment kernels (``kernels/gpu/fragment_gemm.cu``) side by side on the GPU: the
 working tree's (a) and another source file (b: an earlier commit's, a variant being tried), through the
 working tree's launch code, so b must keep its kernels' names, arguments, macros and launch (a gemm from before
-its cp.async ring, 413b04e and earlier, covers one column group a warp where the launcher now plans two:
-time it with ``benchmarks.gemm_pipeline_gpu --against``, which launches it as it was). Each shape is timed
+its cp.async ring, 413b04e and earlier, covers one column group a warp where the launcher now plans two, and
+one from before its four-warp tiles, 226e4b7 and earlier, fixes its launch bounds for eight warps: time such a gemm
+with ``benchmarks.gemm_pipeline_gpu --against``, which launches it as it was). Each shape is timed
 for both, twice, interleaved (``a b a b``: the second pass of a run is often slower for both, so compare
 within a pass), and both versions' outputs are compared bit for bit: dense products on 8192×7168 beside
 cuBLAS bf16 (float32 and bf16 output, gemv and gemm), grouped ones on a 128-expert 1536×2048 stack (float32

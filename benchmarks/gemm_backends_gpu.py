@@ -1,4 +1,4 @@
-"""The NVFP4 GEMM kernels side by side on the GPU, to set where each runs (``DENSE_CROSSOVER_ROWS`` and
+"""The NVFP4 GEMM kernels side by side on the GPU, to set where each runs (``DENSE_GEMV_ROWS`` and
 ``GROUPED_CROSSOVER_ROWS`` in ``kernels/gpu/gemm.py``): the CUDA fragment kernels ``gemv`` and ``gemm``, with cuBLAS
 bf16 beside them (and the portable Triton kernel at small row counts), over the row counts a sampler and a trainer
 use, dense and grouped. All give the same bits (checked here on every measured shape), so the choice is speed only.
@@ -183,6 +183,22 @@ def shape(text: str) -> tuple[int, int]:
     return n, k
 
 
+def dense_crossovers(result: dict) -> list[int]:
+    """The measured crossover of each of :data:`DENSE_SHAPES` in a record's ``"dense"`` rows (none without them)."""
+    return [crossover([r for r in result.get("dense", []) if r["shape"] == [n, k]], "m") for n, k in DENSE_SHAPES]
+
+
+def dispatch_crossover(n: int, shared_bytes: int, rows: tuple[int, ...] = DENSE_ROWS) -> int:
+    """The largest of ``rows`` up to which ``gpu_gemm.dense_gemv`` takes gemv at every one of them, for a weight of
+    ``n`` columns on a GPU of ``shared_bytes`` a CTA: what :func:`crossover` measures, read off the dispatch."""
+    best = 0
+    for m in sorted(rows):
+        if not gpu_gemm.dense_gemv(m, n, shared_bytes):
+            break
+        best = m
+    return best
+
+
 def crossover(rows: list[dict], key: str) -> int:
     """The largest row count up to which gemv beat gemm at every measured count."""
     best = 0
@@ -220,21 +236,28 @@ def main() -> None:
     else:
         if "dense" not in args.skip:
             result["dense"] = [row for n, k in DENSE_SHAPES for row in _dense(n, k)]
-            result["crossover_rows_dense_per_shape"] = [
-                crossover([r for r in result["dense"] if r["shape"] == [n, k]], "m") for n, k in DENSE_SHAPES
-            ]
+            result["crossover_rows_dense_per_shape"] = dense_crossovers(result)
         if "grouped" not in args.skip:
             result["grouped"] = _grouped(2 * INTER, HIDDEN) + _grouped(HIDDEN, INTER)
             result["crossover_rows_grouped_per_shape"] = [
                 crossover([r for r in result["grouped"] if r["shape"][1:] == [n, k]], "rows_per_expert")
                 for n, k in ((2 * INTER, HIDDEN), (HIDDEN, INTER))
             ]
-        dense_rows = result.get("crossover_rows_dense_per_shape", [])
-        result["crossover_rows"] = {  # dense: (N x K, rows) per shape, as DENSE_CROSSOVER_ROWS takes them
-            "dense": [[n * k, rows] for (n, k), rows in zip(DENSE_SHAPES[: len(dense_rows)], dense_rows, strict=True)],
+        shared = fragment_gemm.shared_limit(torch.device("cuda"))
+        result["crossover_rows"] = {  # measured: dense per N x K, grouped the least over both projections
+            "dense": {f"{n}x{k}": rows for (n, k), rows in zip(DENSE_SHAPES, dense_crossovers(result), strict=True)}
+            if "dense" in result
+            else {},
             "grouped": min(result.get("crossover_rows_grouped_per_shape", [0])),
         }
+        result["dispatch_crossover_rows"] = {  # what gpu_gemm's rule takes at the same row counts
+            "dense": {f"{n}x{k}": dispatch_crossover(n, shared) for n, k in DENSE_SHAPES if "dense" in result},
+            "grouped": gpu_gemm.GROUPED_CROSSOVER_ROWS,
+        }
         print(f"crossover (gemv up to these rows per weight, gemm beyond): {result['crossover_rows']}")
+        print(f"the dispatch's crossover at the same row counts: {result['dispatch_crossover_rows']}")
+        if result["crossover_rows"] != result["dispatch_crossover_rows"]:
+            print("the dispatch differs from this measurement: see DENSE_GEMV_ROWS, GROUPED_CROSSOVER_ROWS")
     write_record(args.out, result)
 
 

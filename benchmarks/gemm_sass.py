@@ -4,7 +4,7 @@ with Triton's bundled ``nvdisasm``. The loop runs from the label before its ``DE
 copies) to the branch back to it; its float32 adds (``FADD``, one per block and output: the block order of
 docs/design.md §2.6) against its tensor-core instructions (``HMMA``) are what bound gemm at many rows.
 
-    python -m benchmarks.gemm_sass [--tiles 2,4 1,2]
+    python -m benchmarks.gemm_sass [--tiles 2,4,8 1,2,4]
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from benchmarks.machine import describe, write_record
 from nibble.kernels import gemm, nvfp4
+from nibble.kernels.gpu import fragment_gemm
 from nibble.kernels.gpu import gemm as gpu_gemm
 from nibble.kernels.tensors import NVFP4Tensor
 
@@ -130,7 +131,7 @@ def _dense_row(m: int, n: int, k: int, ws: list[torch.Tensor], qws: list[NVFP4Te
         "dequantize_then_cublas": decoded,
         "speedup_gemm": bf16["graph_s"] / kernel["graph_s"],
         "speedup_quantize_and_gemm": bf16["graph_s"] / fused["graph_s"],
-        "path": _dense_path(m, n, k),
+        "path": _dense_path(m, n),
     }
     print(
         f"dense {n}x{k} M={m:5d}: bf16 {bf16['graph_s'] * 1e6:8.1f} us  nvfp4 {kernel['graph_s'] * 1e6:8.1f} us "
@@ -142,8 +143,9 @@ def _dense_row(m: int, n: int, k: int, ws: list[torch.Tensor], qws: list[NVFP4Te
     return row
 
 
-def _dense_path(m: int, n: int, k: int) -> str:
-    return "CUDA fragment gemv" if m <= gpu_gemm.dense_crossover_rows(n, k) else "CUDA fragment gemm"
+def _dense_path(m: int, n: int) -> str:
+    gemv = gpu_gemm.dense_gemv(m, n, fragment_gemm.shared_limit(torch.device("cuda")))
+    return "CUDA fragment gemv" if gemv else "CUDA fragment gemm"
 
 
 def bench_moe(tokens: int, copy_bw: float) -> dict:

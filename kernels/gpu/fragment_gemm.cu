@@ -407,8 +407,8 @@ extern "C" __global__ void __launch_bounds__(MAX_THREADS) nvfp4_fragment_gemv(
 // stage; one barrier per step both publishes a stage and frees the one read a step before, which the
 // copies issued right after it refill. Operands past K, past the tile's rows or past the weight's groups
 // are zero-filled: their products add +0 to sums that are never -0.
-// One group a warp keeps a thread within 128 registers, so that 16 warps share an SM (two CTAs of eight, four of
-// four); two groups hold twice the sums and take 8 warps an SM.
+// One group a warp keeps a thread within 128 registers, so that 16 warps may share an SM (two CTAs of eight, four
+// of four, where their rings fit); two groups hold twice the sums and take 8 warps an SM.
 extern "C" __global__ void __launch_bounds__(32 * WARPS, (GEMM_GROUPS == 1 ? 16 : 8) / WARPS) nvfp4_fragment_gemm(
     const Words* __restrict__ w_words, const Pair* __restrict__ w_scales, const float* __restrict__ w_g,
     const u16* __restrict__ x, const float* __restrict__ x_g, const i64* __restrict__ x_rows,

@@ -60,18 +60,20 @@ MIN_COLUMN_GROUP_CTAS = 128
 STAGED_GEMV_TILES = ((8, 4, 16, 2, 1, 1), (8, 4, 8, 1, 1, 1), (16, 4, 8, 2, 1, 1), (16, 4, 8, 1, 1, 1))
 STAGED_MAX_ELEMENTS = 1 << 24
 GEMM_ROWS = 64  # activation rows per CTA of gemm: 8 n8 tiles per warp
-GEMM_WARPS = (2, 4, 8)  # warps a gemm CTA may have, side by side along N (each copies 32 / warps activation pieces)
+GEMM_WARPS = (4, 8)  # warps a gemm CTA may have, side by side along N (a thread copies 32 / warps activation pieces)
 GemmTile = tuple[int, int, int]  # gemm: (column groups per warp, steps of K in flight: the ring's stages, warps)
 # gemm tiles in order of preference: the first whose ring fits a CTA's shared memory and that launches MIN_GEMM_CTAS
 # CTAs (row tiles × column CTAs) serves, else the last that fits (the most CTAs). Two groups a warp halve the
-# activation reads (shared memory and L2) per tensor-core product but also the CTA count, and hold 242 registers a
-# thread (8 warps an SM); one group a warp keeps 16 warps an SM, and its two stages fit Ada's 99 KB. Four warps a
-# CTA double the CTAs of a product whose eight-warp CTAs leave SMs idle. Launch parameters only: every tile gives
-# the same bits. H100, benchmarks/gemm_pipeline_gpu.py (h100_gemm_tiles.json), us, the tile taken against the
-# best of seven: 8192 x 7168 M = 64 (1, 2, 4) 55.4, its best (eight warps 76.3); M = 128 (2, 4, 4) 75.8, best;
-# M = 192 118.8 against 112.0; M = 1024 (2, 4, 8) 455.9 against 451.3; 4096 x 4096 M = 64 and 128 (1, 2, 4) 34.0
-# and 34.3, best (eight warps 46.0 and 46.3); 1536 x 2048 M = 1024 (2, 4, 4) 39.9 against 37.3; grouped
-# 128 x 1536 x 2048 at 16 rows an expert (2, 4, 8) 217.2 against 211.8.
+# activation reads (shared memory and L2) per tensor-core product but also the CTA count, and hold some 240
+# registers a thread (8 warps an SM); one group a warp keeps 16 warps an SM (8 on Ada, whose 99 KB hold one ring of
+# eight warps or two of four), and its two stages fit Ada. Four warps a CTA double the CTAs of a product whose
+# eight-warp CTAs leave SMs idle (two warps were slower still: (1, 2, 2) lost to (1, 2, 4) at every shape measured).
+# Launch parameters only: every tile gives the same bits. H100, benchmarks/gemm_pipeline_gpu.py
+# (h100_gemm_tiles.json), us, the tile taken against the best of seven: 8192 x 7168 M = 64 (1, 2, 4) 55.4, its best
+# (eight warps 76.3); M = 128 (2, 4, 4) 75.8, best; M = 192 118.8 against 112.0; M = 1024 (2, 4, 8) 455.9 against
+# 451.3; 4096 x 4096 M = 64 and 128 (1, 2, 4) 34.0 and 34.3, best (eight warps 46.0 and 46.3); 1536 x 2048 M = 1024
+# (2, 4, 4) 39.9 against 37.3; grouped 128 x 1536 x 2048 at 16 rows an expert (2, 4, 8) 217.2 against 211.8, 128 x
+# 2048 x 768 at 256 557.1 against 527.5.
 GEMM_TILES: tuple[GemmTile, ...] = ((2, 4, 8), (2, 4, 4), (1, 2, 8), (1, 2, 4))
 MIN_GEMM_CTAS = 128
 MAX_SHARED_BYTES = 232448  # the most shared memory a CTA can opt in to on any GPU so far (Hopper, Blackwell: 227 KB)
@@ -174,7 +176,7 @@ def tile_builds(tile: GemvTile) -> bool:
     """Whether ``tile`` makes a kernel: six integers, its counts (rows, prefetch, warps, groups, column warps)
     positive and its rows whole n8 tiles (a multiple of 8), a staged tile's ring at least two slots (``prefetch``
     >= 2), and a CTA at most 32 warps (warps × column warps)."""
-    if len(tile) != 6 or not all(isinstance(v, int) for v in tile):
+    if len(tile) != 6 or not all(type(v) is int for v in tile):  # not bool, float, or a numpy scalar
         return False
     counts_ok = min(tile[:4] + tile[5:]) >= 1 and tile[0] % 8 == 0
     return counts_ok and not (tile[4] and tile[1] < 2) and tile[2] * tile[5] <= 32
@@ -214,7 +216,7 @@ def gemm_tile_builds(tile: GemmTile) -> bool:
     """Whether ``tile`` makes a gemm kernel: three integers, one or two column groups a warp (a warp's 32 lanes copy
     the step's 16 scale pairs per group), a ring of at least two stages that fits the most shared memory a CTA
     can have on any GPU (:data:`MAX_SHARED_BYTES`) and warps among :data:`GEMM_WARPS`."""
-    if len(tile) != 3 or not all(isinstance(v, int) for v in tile):
+    if len(tile) != 3 or not all(type(v) is int for v in tile):  # not bool, float, or a numpy scalar
         return False
     groups, stages, warps = tile
     return groups in (1, 2) and stages >= 2 and warps in GEMM_WARPS and gemm_shared_bytes(tile) <= MAX_SHARED_BYTES

@@ -2,7 +2,7 @@
 
 Three kernels compute the block-ordered sum of docs/design.md §2.6 and so give every row the same bits: on CUDA the
 fragment kernels of :mod:`.fragment_gemm` — ``gemv`` up to a measured number of rows per weight matrix
-(:func:`dense_crossover_rows`, :data:`GROUPED_CROSSOVER_ROWS`), ``gemm`` beyond — on weights in the fragment layout
+(:func:`dense_gemv`, :data:`GROUPED_CROSSOVER_ROWS`), ``gemm`` beyond — on weights in the fragment layout
 (a sampler's packed weights carry it; other weights, the trainer's quantised-per-forward ones, are rearranged on the
 way in); the packed Triton kernel (:mod:`.nvfp4_gemm`) where those do not compile, and in the CPU test suite through
 Triton's interpreter.
@@ -22,12 +22,15 @@ from .nvfp4 import dequantize
 from .nvfp4_gemm import nvfp4_gemm_kernel
 from .row_invariance import row_tile
 
-# Rows per weight matrix up to which gemv beats gemm, measured by benchmarks/gemm_backends_gpu.py ("crossover_rows"
-# of its record; benchmarks/results/h100_gemm_backends.json). Dense products (M rows) by the weight's size, as
-# (N x K of a measured weight, rows), largest weight first: gemm fills the GPU with CTAs only from larger weights,
-# so the crossover falls as the weight grows (H100: 8192 x 7168 at M = 48 gemm 2% faster, 4096 x 4096 at M = 96
-# 3%, 1536 x 2048 tied at M = 256). Grouped products by rows per expert.
-DENSE_CROSSOVER_ROWS = ((8192 * 7168, 32), (4096 * 4096, 64), (1536 * 2048, 256))
+# Which CUDA kernel a product takes (speed only: both give the same bits), measured by benchmarks/gemm_backends_gpu.py
+# on the H100 (benchmarks/results/h100_gemm_backends.json: "crossover_rows" per shape, the rows up to which gemv won,
+# 32 / 64 / 256 on 8192 x 7168 / 4096 x 4096 / 1536 x 2048, which dense_gemv reproduces: "dispatch_crossover_rows").
+# Dense products: gemv up to DENSE_GEMV_ROWS[0] rows, gemm beyond DENSE_GEMV_ROWS[1]; between, gemv wherever gemm's
+# tile launches fewer than fragment_gemm.MIN_GEMM_CTAS CTAs, which leaves SMs idle (4096 x 4096 at M = 64: 64 CTAs,
+# 34.1 against gemv's 20.6 us; at 96, 128 CTAs, 34.4 against 35.1), whatever K (a narrow weight with a long K, such
+# as a 4096 x 14336 down projection, launches as few CTAs as 4096 x 4096 and more work in each).
+DENSE_GEMV_ROWS = (32, 256)
+# Grouped products: gemv up to this many rows per expert (16: 208.4 against gemm's 216.8 us, 32: 360.0 against 224.6).
 GROUPED_CROSSOVER_ROWS = 16
 BLOCK_N = 64
 # The Triton interpreter (CPU tests) runs a smaller tile.
@@ -103,11 +106,16 @@ def cuda_kernels(device: torch.device) -> bool:
     )
 
 
-def dense_crossover_rows(n: int, k: int) -> int:
-    """Rows up to which ``gemv`` serves a dense product with an ``[n, k]`` weight: the entry of
-    :data:`DENSE_CROSSOVER_ROWS` for the largest measured weight no larger than this one (the smallest's below
-    them all)."""
-    return next((rows for elements, rows in DENSE_CROSSOVER_ROWS if n * k >= elements), DENSE_CROSSOVER_ROWS[-1][1])
+def dense_gemv(m: int, n: int, shared_bytes: int) -> bool:
+    """Whether gemv (rather than gemm) serves a dense product of ``m`` rows with an ``[n, K]`` weight on a GPU whose
+    CTAs may take ``shared_bytes`` of shared memory (:func:`fragment_gemm.shared_limit`): the rule of
+    :data:`DENSE_GEMV_ROWS`."""
+    fewest, most = DENSE_GEMV_ROWS
+    if m <= fewest or m > most:
+        return m <= fewest
+    row_tiles, groups = -(-m // fragment_gemm.GEMM_ROWS), -(-n // 16)
+    tile = fragment_gemm.gemm_tile(row_tiles, groups, shared_bytes)
+    return row_tiles * fragment_gemm.gemm_column_ctas(groups, tile) < fragment_gemm.MIN_GEMM_CTAS
 
 
 def matmul(qx: NVFP4Tensor, qw: NVFP4Tensor, out_dtype: torch.dtype) -> torch.Tensor:
@@ -131,8 +139,8 @@ def fragment_matmul(
     gemv: bool | None = None,
     tile: fragment_gemm.GemvTile | fragment_gemm.GemmTile | None = None,
 ) -> torch.Tensor:
-    """:func:`matmul` through the CUDA fragment kernels. ``gemv``: which kernel (default: gemv up to
-    :func:`dense_crossover_rows`); ``tile``: a tile of that kernel other than its default (benchmarks choose their
+    """:func:`matmul` through the CUDA fragment kernels. ``gemv``: which kernel (default: :func:`dense_gemv`'s
+    choice); ``tile``: a tile of that kernel other than its default (benchmarks choose their
     own)."""
     m = qx.shape[0]
     kernel_dtype = out_dtype if out_dtype in _CUDA_OUT else torch.float32
@@ -141,7 +149,8 @@ def fragment_matmul(
         x, xg = _activations(qx)
         wg = qw.global_scale.reshape(1).to(torch.float32)
         if gemv is None:
-            gemv = m <= dense_crossover_rows(*qw.shape) and fragment_gemm.gemv_fits(m, qx.shape[1], qx.device)
+            shared = fragment_gemm.shared_limit(qx.device)
+            gemv = dense_gemv(m, qw.shape[0], shared) and fragment_gemm.gemv_fits(m, qx.shape[1], qx.device)
         fragment_gemm.launch(x, xg, _fragments(qw), wg, out, rows_per_matrix=m, gemv=gemv, tile=tile)
     return out.to(out_dtype)
 

@@ -1,11 +1,17 @@
 """The gemv sweep's command line (``benchmarks/gemm_backends_gpu.py --sweep``): which tiles it times and how it
-reads shapes. Its timings need a GPU; what it is asked to time does not."""
+reads shapes; and the dense dispatch against the crossovers the benchmark recorded on the H100. Its timings need a
+GPU; what it is asked to time, and what a record says, do not."""
 
 import argparse
+import json
+from pathlib import Path
 
 import pytest
 
-from benchmarks.gemm_backends_gpu import SWEEP, shape, sweep_tiles
+from benchmarks.gemm_backends_gpu import DENSE_SHAPES, SWEEP, dense_crossovers, dispatch_crossover, shape, sweep_tiles
+from nibble.kernels.gpu import gemm as gpu_gemm
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 
 
 def test_the_sweep_times_every_combination_that_builds_and_no_other():
@@ -25,3 +31,23 @@ def test_shapes_read_as_n_by_k_and_a_bad_one_names_itself():
     for text in ("8192", "8192x", "axb", "1x2x3"):
         with pytest.raises(argparse.ArgumentTypeError, match=repr(text)):
             shape(text)
+
+
+def test_the_dense_dispatch_takes_gemv_exactly_where_the_h100_measured_it_faster():
+    """``gpu_gemm.dense_gemv`` read at the record's row counts gives each shape's measured crossover (gemv up to it,
+    gemm from the next measured row count), on the H100's 227 KB a CTA."""
+    record = json.loads((RESULTS / "h100_gemm_backends.json").read_text())
+    assert "H100" in record["machine"]["gpu"]
+    measured = dense_crossovers(record)
+    assert len(measured) == len(DENSE_SHAPES) and min(measured) >= 32
+    hopper_shared = 232448
+    for (n, _), rows in zip(DENSE_SHAPES, measured, strict=True):
+        assert dispatch_crossover(n, hopper_shared) == rows, (n, rows)
+
+
+def test_the_dense_dispatch_keeps_gemv_for_narrow_weights_whatever_k():
+    # a 4096 x 14336 down projection has 8192 x 7168's elements but 4096 x 4096's columns: gemm would launch 64 CTAs
+    hopper_shared = 232448
+    assert gpu_gemm.dense_gemv(64, 4096, hopper_shared) and not gpu_gemm.dense_gemv(64, 8192, hopper_shared)
+    assert gpu_gemm.dense_gemv(32, 1 << 20, hopper_shared)  # at most DENSE_GEMV_ROWS[0] rows: gemv
+    assert not gpu_gemm.dense_gemv(257, 16, hopper_shared)  # beyond DENSE_GEMV_ROWS[1]: gemm

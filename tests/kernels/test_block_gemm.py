@@ -6,7 +6,6 @@ reference's bits on every row — which is what lets the sampler decode with one
 score with another.
 """
 
-import itertools
 import re
 
 import pytest
@@ -199,19 +198,6 @@ def test_gemm_takes_the_first_tile_that_still_launches_enough_ctas():
     assert fragment_gemm.gemm_tile(1, 1, HOPPER_SHARED) == fragment_gemm.GEMM_TILES[-1]
 
 
-def test_dense_products_cross_to_gemm_at_fewer_rows_the_larger_the_weight():
-    table = gpu_gemm.DENSE_CROSSOVER_ROWS
-    assert [e for e, _ in table] == sorted((e for e, _ in table), reverse=True)
-    assert [r for _, r in table] == sorted(r for _, r in table)
-    for elements, rows in table:
-        n = elements // 1024
-        assert gpu_gemm.dense_crossover_rows(n, 1024) == rows
-        assert gpu_gemm.dense_crossover_rows(n + 1, 1024) == rows  # larger: the measured weight's rows still
-    for (elements, _), (_, smaller_rows) in itertools.pairwise(table):
-        assert gpu_gemm.dense_crossover_rows(elements // 1024 - 1, 1024) == smaller_rows
-    assert gpu_gemm.dense_crossover_rows(16, 16) == table[-1][1]
-
-
 def test_gemm_takes_a_tile_whose_ring_fits_the_shared_memory_of_the_gpu():
     ada = 101376  # bytes a CTA may opt in to on sm_89 (and sm_120)
     assert fragment_gemm.gemm_shared_bytes(fragment_gemm.gemm_tile(1000, 512, HOPPER_SHARED)) > ada
@@ -225,7 +211,7 @@ def test_the_shared_memory_planned_for_gemm_is_what_the_kernel_addresses():
     # GEMM_STAGES stages of STAGE_BYTES, the macros read from fragment_gemm.cu
     text = fragment_gemm.SOURCE.read_text()
     macros = dict(re.findall(r"#define (STEP|X_STRIDE|W_BYTES|STAGE_BYTES) (\d+|\(.*?\))\s", text))
-    for groups, stages, warps in ((1, 2, 8), (1, 4, 8), (2, 3, 8), (2, 4, 8), (1, 2, 4), (2, 4, 2)):
+    for groups, stages, warps in ((1, 2, 8), (1, 4, 8), (2, 3, 8), (2, 4, 8), (1, 2, 4), (2, 4, 4)):
         values = {"TILE_ROWS": fragment_gemm.GEMM_ROWS, "WARPS": warps, "GEMM_GROUPS": groups}
         for name in ("STEP", "X_STRIDE", "W_BYTES", "STAGE_BYTES"):
             expression = macros[name]
@@ -255,14 +241,16 @@ def test_column_warps_count_as_column_groups_of_the_cta():
     # rows in whole n8 tiles: a CTA of 12 would be launched 12 rows apart and compute 8
     assert not fragment_gemm.tile_builds((12, 2, 8, 1, 0, 1)) and not fragment_gemm.tile_builds((7, 2, 8, 1, 0, 1))
     assert not fragment_gemm.tile_builds((8, 2, 8, 1, 0)) and not fragment_gemm.tile_builds((8.0, 2, 8, 1, 0, 1))
+    assert not fragment_gemm.tile_builds((8, 2, 8, True, 0, 1))  # bool is an int subclass, not a count
 
 
 def test_a_gemm_tile_builds_only_with_three_integer_counts_a_ring_that_fits_and_known_warps():
     assert fragment_gemm.gemm_tile_builds((2, 4, 8)) and fragment_gemm.gemm_tile_builds((1, 8, 8))
-    assert fragment_gemm.gemm_tile_builds((1, 2, 4)) and fragment_gemm.gemm_tile_builds((2, 4, 2))
+    assert fragment_gemm.gemm_tile_builds((1, 2, 4)) and fragment_gemm.gemm_tile_builds((2, 4, 4))
     assert not fragment_gemm.gemm_tile_builds((2, 7, 8))  # 258 048 bytes: past any GPU's 227 KB
     bad_tiles = ((3, 4, 8), (0, 4, 8), (2, 1, 8), (-1, 4, 8), (2, 4), (2, 4, 8, 1), (1.0, 2, 8), (2, 2.5, 8))
-    for bad in (*bad_tiles, (1, 2, 1), (1, 2, 3), (1, 2, 16), (1, 2, 8.0)):
+    warps = ((1, 2, 1), (1, 2, 2), (1, 2, 3), (1, 2, 16), (1, 2, 8.0))  # GEMM_WARPS: 4 or 8
+    for bad in (*bad_tiles, *warps, (True, 2, 4), (1, True, 8)):  # bool is an int subclass, not a count
         assert not fragment_gemm.gemm_tile_builds(bad), bad
     with pytest.raises(ValueError, match="no product to tile"):
         fragment_gemm.gemm_tile(0, 512, HOPPER_SHARED)
@@ -297,7 +285,7 @@ def test_every_gemv_tile_gives_the_reference_bits(tile, m, n, k):
 
 
 GEMM_TEST_TILES = sorted(
-    set(fragment_gemm.GEMM_TILES) | {(1, 2, 8), (1, 3, 8), (2, 2, 8), (2, 3, 8), (2, 4, 4), (1, 3, 4), (1, 2, 2)}
+    set(fragment_gemm.GEMM_TILES) | {(1, 2, 8), (1, 3, 8), (2, 2, 8), (2, 3, 8), (2, 4, 4), (1, 3, 4), (2, 2, 4)}
 )
 
 
