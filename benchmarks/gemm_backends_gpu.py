@@ -175,12 +175,25 @@ def sweep(values: dict[str, tuple[int, ...]], shapes: list[tuple[int, int]], ms:
 
 
 def shape(text: str) -> tuple[int, int]:
-    """``NxK`` as ``(N, K)``, for ``--shapes``."""
+    """``NxK`` as ``(N, K)``, for ``--shapes``: both positive, K whole 16-element blocks."""
     try:
         n, k = (int(part) for part in text.lower().split("x"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"a shape is N x K, e.g. 8192x7168, not {text!r}") from None
+    if n < 1 or k < 16 or k % 16:
+        raise argparse.ArgumentTypeError(f"{text!r}: N must be positive and K a positive multiple of 16")
     return n, k
+
+
+def positive(text: str) -> int:
+    """A positive integer, for ``--m`` and the sweep's counts."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
 
 
 def dense_crossovers(result: dict) -> list[int]:
@@ -211,20 +224,27 @@ def crossover(rows: list[dict], key: str) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200_gemm_backends.json"))
-    parser.add_argument("--skip", nargs="*", default=[], choices=["dense", "grouped"])
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/gemm_backends.json"), help="results JSON")
+    parser.add_argument("--skip", nargs="+", default=[], choices=["dense", "grouped"])
     parser.add_argument("--sweep", action="store_true", help="time the fragment kernel's launch parameters instead")
     for name, default in SWEEP.items():
         option = "--" + name.replace("_", "-")
-        parser.add_argument(option, nargs="+", type=int, default=default, help=f"{name} values --sweep tries")
+        kind = {"choices": (0, 1), "type": int} if name == "staged" else {"type": positive}
+        parser.add_argument(option, nargs="+", default=default, help=f"{name} values --sweep tries", **kind)
     parser.add_argument("--shapes", nargs="+", type=shape, default=SWEEP_SHAPES, help="N x K --sweep times")
-    parser.add_argument("--m", nargs="+", type=int, default=SWEEP_ROWS, help="row counts --sweep times")
+    parser.add_argument("--m", nargs="+", type=positive, default=SWEEP_ROWS, help="row counts --sweep times")
     args = parser.parse_args()
+    if {"dense", "grouped"} <= set(args.skip):
+        parser.error("--skip: skipping both dense and grouped leaves nothing to time")
+    if args.out.is_dir() or not args.out.parent.is_dir():
+        parser.error(f"--out {args.out}: {'a directory' if args.out.is_dir() else 'its folder does not exist'}")
+    values = {name: tuple(getattr(args, name)) for name in SWEEP}
+    if args.sweep and not sweep_tiles(values):
+        parser.error("--sweep: no combination of these launch parameters makes a gemv tile (fragment_gemm.tile_builds)")
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/gemm_backends_gpu.py needs a CUDA GPU")
     torch.manual_seed(0)
-    command = "python -m benchmarks.gemm_backends_gpu"
-    values = {name: tuple(getattr(args, name)) for name in SWEEP}
+    command = "python -m benchmarks.gemm_backends_gpu" + (" --skip " + " ".join(args.skip) if args.skip else "")
     if args.sweep:
         options = {**values, "shapes": [f"{n}x{k}" for n, k in args.shapes], "m": args.m}
         command += " --sweep " + " ".join(
@@ -248,12 +268,13 @@ def main() -> None:
             "dense": {f"{n}x{k}": rows for (n, k), rows in zip(DENSE_SHAPES, dense_crossovers(result), strict=True)}
             if "dense" in result
             else {},
-            "grouped": min(result.get("crossover_rows_grouped_per_shape", [0])),
         }
         result["dispatch_crossover_rows"] = {  # what gpu_gemm's rule takes at the same row counts
             "dense": {f"{n}x{k}": dispatch_crossover(n, shared) for n, k in DENSE_SHAPES if "dense" in result},
-            "grouped": gpu_gemm.GROUPED_CROSSOVER_ROWS,
         }
+        if "grouped" in result:
+            result["crossover_rows"]["grouped"] = min(result["crossover_rows_grouped_per_shape"])
+            result["dispatch_crossover_rows"]["grouped"] = gpu_gemm.GROUPED_CROSSOVER_ROWS
         print(f"crossover (gemv up to these rows per weight, gemm beyond): {result['crossover_rows']}")
         print(f"the dispatch's crossover at the same row counts: {result['dispatch_crossover_rows']}")
         if result["crossover_rows"] != result["dispatch_crossover_rows"]:

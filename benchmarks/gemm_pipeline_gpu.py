@@ -44,10 +44,7 @@ def tile(text: str) -> fragment_gemm.GemmTile:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: a gemm tile is GROUPS,STAGES,WARPS, e.g. 2,4,8") from None
     if not fragment_gemm.gemm_tile_builds((groups, stages, warps)):
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: one or two column groups a warp, at least two stages whose ring fits "
-            f"{fragment_gemm.MAX_SHARED_BYTES} bytes of shared memory, and warps among {fragment_gemm.GEMM_WARPS}"
-        )
+        raise argparse.ArgumentTypeError(f"{text!r}: a gemm tile is {fragment_gemm.GEMM_TILE_RULE}")
     return groups, stages, warps
 
 

@@ -48,8 +48,13 @@ def loop_opcodes(gemm: fragment_gemm.GemmTile) -> collections.Counter:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tiles", nargs="+", type=tile, default=list(fragment_gemm.GEMM_TILES))
+    parser.add_argument(
+        "--tiles", nargs="+", type=tile, default=list(fragment_gemm.GEMM_TILES),
+        help="gemm tiles GROUPS,STAGES,WARPS to count (default: fragment_gemm.GEMM_TILES)",
+    )  # fmt: skip
     args = parser.parse_args()
+    if len(set(args.tiles)) < len(args.tiles):
+        parser.error("--tiles: a tile given twice")
     for gemm in args.tiles:
         counts = loop_opcodes(gemm)
         total, mma, fadd = sum(counts.values()), counts["HMMA"], counts["FADD"]

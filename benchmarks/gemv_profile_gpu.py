@@ -12,15 +12,17 @@ import argparse
 
 import torch
 
-from benchmarks.gemm_backends_gpu import packed_activations, packed_weights
+from benchmarks.gemm_backends_gpu import packed_activations, packed_weights, positive
 from nibble.kernels.gpu import fragment_gemm
 from nibble.kernels.gpu import gemm as gpu_gemm
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", nargs=2, type=int, default=[8192, 7168], metavar=("N", "K"))
-    parser.add_argument("--rows", nargs="+", type=int, default=[1, 8, 32], help="activation rows M, one launch each")
+    parser.add_argument("--shape", nargs=2, type=positive, default=[8192, 7168], metavar=("N", "K"))
+    parser.add_argument(
+        "--rows", nargs="+", type=positive, default=[1, 8, 32], help="activation rows M, one launch each"
+    )
     parser.add_argument("--kernel", choices=["gemv", "gemm"], default="gemv")
     parser.add_argument(
         "--tile",
@@ -31,13 +33,16 @@ def main() -> None:
         "gemm's (groups per warp, stages, warps)",
     )
     args = parser.parse_args()
+    if args.shape[1] % 16:
+        parser.error(f"--shape {args.shape[0]} {args.shape[1]}: K must be a multiple of 16 (NVFP4 blocks)")
     gemv = args.kernel == "gemv"
     if args.tile and len(args.tile) != (6 if gemv else 3):
         parser.error(f"--tile: {args.kernel} takes {6 if gemv else 3} values, got {len(args.tile)}")
     builds = fragment_gemm.tile_builds if gemv else fragment_gemm.gemm_tile_builds
     if args.tile and not builds(tuple(args.tile)):
         values = " ".join(map(str, args.tile))
-        parser.error(f"--tile {values}: makes no {args.kernel} kernel (fragment_gemm.{builds.__name__})")
+        rule = fragment_gemm.GEMV_TILE_RULE if gemv else fragment_gemm.GEMM_TILE_RULE
+        parser.error(f"--tile {values}: makes no {args.kernel} kernel; a tile is {rule}")
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/gemv_profile_gpu.py needs a CUDA GPU")
     torch.manual_seed(0)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import operator
 import pathlib
 
 import torch
@@ -77,6 +78,16 @@ GemmTile = tuple[int, int, int]  # gemm: (column groups per warp, steps of K in 
 GEMM_TILES: tuple[GemmTile, ...] = ((2, 4, 8), (2, 4, 4), (1, 2, 8), (1, 2, 4))
 MIN_GEMM_CTAS = 128
 MAX_SHARED_BYTES = 232448  # the most shared memory a CTA can opt in to on any GPU so far (Hopper, Blackwell: 227 KB)
+
+# What tile_builds and gemm_tile_builds accept, in words (error messages).
+GEMV_TILE_RULE = (
+    "six integers (rows, prefetch, warps, groups, staged, column warps): counts positive, rows a multiple of 8, "
+    "staged 0 or 1, a staged tile's prefetch at least 2, warps x column warps at most 32"
+)
+GEMM_TILE_RULE = (
+    f"three integers (groups, stages, warps): 1 or 2 column groups a warp, at least two stages whose ring fits "
+    f"{MAX_SHARED_BYTES} bytes, {' or '.join(map(str, GEMM_WARPS))} warps"
+)
 
 NVRTC_OPTIONS = ("--fmad=false",)  # every float32 add and multiply rounded on its own (docs/design.md §2.6)
 
@@ -174,11 +185,11 @@ def gemv_fits(rows_per_matrix: float, k: int, device: torch.device) -> bool:
 
 def tile_builds(tile: GemvTile) -> bool:
     """Whether ``tile`` makes a kernel: six integers, its counts (rows, prefetch, warps, groups, column warps)
-    positive and its rows whole n8 tiles (a multiple of 8), a staged tile's ring at least two slots (``prefetch``
-    >= 2), and a CTA at most 32 warps (warps × column warps)."""
-    if len(tile) != 6 or not all(type(v) is int for v in tile):  # not bool, float, or a numpy scalar
-        return False
-    counts_ok = min(tile[:4] + tile[5:]) >= 1 and tile[0] % 8 == 0
+    positive and its rows whole n8 tiles (a multiple of 8), staged 0 or 1, a staged tile's ring at least two slots
+    (``prefetch`` >= 2), and a CTA at most 32 warps (warps × column warps)."""
+    if not isinstance(tile, tuple | list) or len(tile) != 6 or not all(type(v) is int for v in tile):
+        return False  # not bool, float, or a numpy scalar either
+    counts_ok = min(tile[:4] + tile[5:]) >= 1 and tile[0] % 8 == 0 and tile[4] in (0, 1)
     return counts_ok and not (tile[4] and tile[1] < 2) and tile[2] * tile[5] <= 32
 
 
@@ -188,8 +199,15 @@ def gemm_tile(row_tiles: int, groups: int, shared_bytes: int) -> GemmTile:
     whose ring fits and that launches :data:`MIN_GEMM_CTAS` CTAs, else the last whose ring fits.
 
     Raises:
-        ValueError: no rows or no column groups; no tile's ring fits ``shared_bytes``.
+        ValueError: counts that are not integers; no rows or no column groups; no tile's ring fits ``shared_bytes``.
     """
+    try:
+        row_tiles, groups, shared_bytes = (operator.index(v) for v in (row_tiles, groups, shared_bytes))
+    except TypeError:
+        raise ValueError(
+            f"fragment gemm: row tiles, column groups and shared bytes are integers, not {row_tiles!r}, {groups!r}, "
+            f"{shared_bytes!r}"
+        ) from None
     if row_tiles < 1 or groups < 1:
         raise ValueError(f"fragment gemm: {row_tiles} row tiles of {groups} column groups is no product to tile")
     fitting = [tile for tile in GEMM_TILES if gemm_shared_bytes(tile) <= shared_bytes]
@@ -216,8 +234,8 @@ def gemm_tile_builds(tile: GemmTile) -> bool:
     """Whether ``tile`` makes a gemm kernel: three integers, one or two column groups a warp (a warp's 32 lanes copy
     the step's 16 scale pairs per group), a ring of at least two stages that fits the most shared memory a CTA
     can have on any GPU (:data:`MAX_SHARED_BYTES`) and warps among :data:`GEMM_WARPS`."""
-    if len(tile) != 3 or not all(type(v) is int for v in tile):  # not bool, float, or a numpy scalar
-        return False
+    if not isinstance(tile, tuple | list) or len(tile) != 3 or not all(type(v) is int for v in tile):
+        return False  # not bool, float, or a numpy scalar either
     groups, stages, warps = tile
     return groups in (1, 2) and stages >= 2 and warps in GEMM_WARPS and gemm_shared_bytes(tile) <= MAX_SHARED_BYTES
 
@@ -229,16 +247,10 @@ def source(tile: GemvTile, grouped: bool, gather: bool, bf16: bool, gemm: GemmTi
     Raises:
         ValueError: a tile that makes no kernel (:func:`tile_builds`, :func:`gemm_tile_builds`).
     """
-    if not tile_builds(tuple(tile)):
-        raise ValueError(
-            f"gemv tile {tile}: six integers, its counts positive and its rows a multiple of 8, a staged tile a ring "
-            "of at least two slots (prefetch >= 2), and a CTA at most 32 warps (warps x column warps)"
-        )
-    if not gemm_tile_builds(tuple(gemm)):
-        raise ValueError(
-            f"gemm tile {gemm}: three integers, one or two column groups a warp, at least two stages whose ring "
-            f"fits {MAX_SHARED_BYTES} bytes, and {' or '.join(map(str, GEMM_WARPS))} warps"
-        )
+    if not tile_builds(tile):
+        raise ValueError(f"gemv tile {tile}: {GEMV_TILE_RULE}")
+    if not gemm_tile_builds(gemm):
+        raise ValueError(f"gemm tile {gemm}: {GEMM_TILE_RULE}")
     rows, prefetch, warps, column_groups, staged, column_warps = tile
     defines = {
         "NT": rows // 8,

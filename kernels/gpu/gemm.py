@@ -109,7 +109,13 @@ def cuda_kernels(device: torch.device) -> bool:
 def dense_gemv(m: int, n: int, shared_bytes: int) -> bool:
     """Whether gemv (rather than gemm) serves a dense product of ``m`` rows with an ``[n, K]`` weight on a GPU whose
     CTAs may take ``shared_bytes`` of shared memory (:func:`fragment_gemm.shared_limit`): the rule of
-    :data:`DENSE_GEMV_ROWS`."""
+    :data:`DENSE_GEMV_ROWS`.
+
+    Raises:
+        ValueError: a negative row count, or a weight without columns.
+    """
+    if m < 0 or n < 1:
+        raise ValueError(f"dense NVFP4 product of {m} rows with a weight of {n} columns: no kernel to choose")
     fewest, most = DENSE_GEMV_ROWS
     if m <= fewest or m > most:
         return m <= fewest

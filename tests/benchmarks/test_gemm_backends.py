@@ -4,10 +4,12 @@ GPU; what it is asked to time, and what a record says, do not."""
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks import gemm_backends_gpu, gemm_sass, gemv_profile_gpu
 from benchmarks.gemm_backends_gpu import DENSE_SHAPES, SWEEP, dense_crossovers, dispatch_crossover, shape, sweep_tiles
 from nibble.kernels.gpu import gemm as gpu_gemm
 
@@ -51,3 +53,44 @@ def test_the_dense_dispatch_keeps_gemv_for_narrow_weights_whatever_k():
     assert gpu_gemm.dense_gemv(64, 4096, hopper_shared) and not gpu_gemm.dense_gemv(64, 8192, hopper_shared)
     assert gpu_gemm.dense_gemv(32, 1 << 20, hopper_shared)  # at most DENSE_GEMV_ROWS[0] rows: gemv
     assert not gpu_gemm.dense_gemv(257, 16, hopper_shared)  # beyond DENSE_GEMV_ROWS[1]: gemm
+
+
+def _refused(monkeypatch, capsys, main, *argv: str) -> str:
+    monkeypatch.setattr(sys, "argv", ["benchmark", *argv])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_bad_input_is_refused_before_the_gpu_is_looked_for(monkeypatch, capsys, tmp_path):
+    cases = {
+        ("--skip", "dense", "grouped"): "nothing to time",
+        ("--skip",): "expected at least one argument",
+        ("--out", str(tmp_path)): "a directory",
+        ("--out", str(tmp_path / "nowhere" / "r.json")): "its folder does not exist",
+        ("--sweep", "--m", "0"): "not a positive integer",
+        ("--sweep", "--shapes", "8192x100"): "a positive multiple of 16",
+        ("--sweep", "--staged", "5"): "invalid choice",
+        ("--sweep", "--warps", "64"): "no combination",
+        ("--sweep", "--groups", "-2"): "not a positive integer",
+    }
+    for argv, expected in cases.items():
+        assert expected in _refused(monkeypatch, capsys, gemm_backends_gpu.main, *argv), argv
+
+
+def test_the_profile_driver_refuses_bad_shapes_rows_and_tiles(monkeypatch, capsys):
+    cases = {
+        ("--shape", "8192", "100"): "a multiple of 16",
+        ("--shape", "0", "7168"): "not a positive integer",
+        ("--rows", "0"): "not a positive integer",
+        ("--kernel", "gemm", "--tile", "2", "9", "4"): "at least two stages whose ring fits",
+        ("--kernel", "gemm", "--tile", "2", "4"): "takes 3 values",
+        ("--tile", "8", "2", "16", "2", "5", "1"): "staged 0 or 1",
+    }
+    for argv, expected in cases.items():
+        assert expected in _refused(monkeypatch, capsys, gemv_profile_gpu.main, *argv), argv
+
+
+def test_the_sass_counter_refuses_a_tile_given_twice(monkeypatch, capsys):
+    assert "given twice" in _refused(monkeypatch, capsys, gemm_sass.main, "--tiles", "1,2,4", "1,2,4")

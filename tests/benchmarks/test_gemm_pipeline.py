@@ -29,8 +29,8 @@ def test_bad_input_is_refused_with_the_option_it_came_by(monkeypatch, capsys, tm
     text.write_text("not CUDA\n")
     cases = {
         ("--tiles", "2,7,8"): "whose ring fits",
-        ("--tiles", "3,4,8"): "one or two column groups",
-        ("--tiles", "1,2,3"): "warps among",
+        ("--tiles", "3,4,8"): "1 or 2 column groups",
+        ("--tiles", "1,2,3"): "4 or 8 warps",
         ("--tiles", "2,x,8"): "GROUPS,STAGES,WARPS",
         ("--tiles", "2,4"): "GROUPS,STAGES,WARPS",
         ("--tiles", "2,4,8", "2,4,8"): "a tile given twice",
