@@ -65,12 +65,12 @@ def test_a_source_nvrtc_rejects_is_reported_with_its_log():
 
 
 def test_a_cta_of_more_than_32_warps_is_refused():
-    with pytest.raises(ValueError, match="32 warps"):
+    with pytest.raises(ValueError, match="warps x column warps at most 32"):
         fragment_gemm.source((8, 1, 16, 1, 0, 4), False, False, True)
 
 
 def test_a_staged_tile_of_one_slot_is_refused():
-    with pytest.raises(ValueError, match="two slots"):
+    with pytest.raises(ValueError, match="a staged tile's prefetch at least 2"):
         fragment_gemm.source((8, 1, 8, 1, 1, 1), False, False, True)
     source = fragment_gemm.source((8, 2, 8, 1, 1, 1), False, False, True)
     source = source.replace("#define PREFETCH 2", "#define PREFETCH 1")
