@@ -26,9 +26,10 @@ def _nvrtc() -> ctypes.CDLL:
     return ctypes.CDLL(str(lib))
 
 
-def compile_cubin(source: str, options: tuple[str, ...], arch: int) -> tuple[bytes, str]:
-    """``source`` compiled by NVRTC to a cubin for ``sm_<arch>``, and NVRTC's log (ptxas's report: registers,
-    stack and spill bytes per kernel). Raises :class:`BuildError` with the log where NVRTC rejects it."""
+def compile_cubin(source: str, options: tuple[str, ...], arch: int | str) -> tuple[bytes, str]:
+    """``source`` compiled by NVRTC to a cubin for ``sm_<arch>`` (``"90a"`` for Hopper's ``wgmma``), and NVRTC's
+    log (ptxas's report: registers, stack and spill bytes per kernel). Raises :class:`BuildError` with the log where
+    NVRTC rejects it."""
     lib = _nvrtc()
     program = ctypes.c_void_p()
     if lib.nvrtcCreateProgram(ctypes.byref(program), source.encode(), b"fragment_gemm.cu", 0, None, None):

@@ -1,0 +1,61 @@
+"""benchmarks/wgmma_probe_gpu.py off the GPU: its kernel builds for sm_90a, and its operand packing, read back
+through the PTX ISA's register layouts (written out here independently), multiplies to ``A @ B.T`` in either K
+order — so a wrong answer on the GPU would be the hardware's layout, not the probe's packing."""
+
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="the triton package is not installed")
+
+from benchmarks import wgmma_probe_gpu as probe
+
+
+def _a_logical(regs: torch.Tensor) -> torch.Tensor:
+    """The 64 x 16 float16 operand that registers ``[128, 4]`` stand for under mma.m16n8k16's A layout per warp."""
+    a = torch.empty(64, 16, dtype=torch.float16)
+    for t in range(128):
+        row, col = 16 * (t // 32) + (t % 32) // 4, 2 * (t % 4)
+        for reg, (dr, dc) in enumerate(((0, 0), (8, 0), (0, 8), (8, 8))):
+            word = int(regs[t, reg]) & 0xFFFFFFFF
+            halves = torch.tensor([word & 0xFFFF, word >> 16], dtype=torch.int32).to(torch.int16)
+            a[row + dr, col + dc : col + dc + 2] = halves.view(torch.float16)
+    return a
+
+
+def _d_registers(d: torch.Tensor) -> torch.Tensor:
+    """A 64 x N result as the threads' registers: thread t's register 4i + 2h + e is row 16 (t // 32) + (t % 32)
+    // 4 + 8h, column 8i + 2 (t % 4) + e."""
+    regs = torch.empty(128, probe.N // 2)
+    for t in range(128):
+        for i in range(probe.N // 8):
+            for h in range(2):
+                for e in range(2):
+                    regs[t, 4 * i + 2 * h + e] = d[16 * (t // 32) + (t % 32) // 4 + 8 * h, 8 * i + 2 * (t % 4) + e]
+    return regs
+
+
+@pytest.mark.parametrize("k_order", [probe.MMA_K_ORDER, probe.FRAGMENT_K_ORDER])
+def test_the_packed_operands_multiply_to_the_product_in_either_k_order(k_order):
+    generator = torch.Generator().manual_seed(1)
+    a = torch.randint(-4, 5, (64, 16), generator=generator).to(torch.float16)
+    b = torch.randint(-4, 5, (probe.N, 16), generator=generator).to(torch.float16)
+    logical = _a_logical(probe.a_registers(a, k_order)).float() @ probe.b_rows(b, k_order).float().T
+    assert torch.equal(probe.d_matrix(_d_registers(logical)), a.float() @ b.float().T)
+    assert sorted(k_order) == list(range(16))
+
+
+def test_the_kernel_builds_for_hopper_with_wgmma():
+    pytest.importorskip("nvidia.cuda_nvrtc", reason="the nvidia-cuda-nvrtc-cu12 dev dependency is not installed")
+    from tests.kernels.cuda_build import compile_cubin
+
+    _, log = compile_cubin(probe.source(), (), "90a")
+    assert "Compiling entry function 'wgmma_probe' for 'sm_90a'" in log
+
+
+def test_a_bad_out_is_refused_before_the_gpu_is_looked_for(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(sys, "argv", ["wgmma_probe_gpu", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit) as exit_info:
+        probe.main()
+    assert exit_info.value.code == 2 and "a directory" in capsys.readouterr().err
