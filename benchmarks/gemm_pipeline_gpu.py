@@ -69,8 +69,9 @@ def _time_variants(variants, run, copies: int, expected: torch.Tensor, ctas) -> 
     return row
 
 
-def _dense_row(variants, qws, ws, m: int) -> dict:
-    """One row count of a dense weight (``qws`` packed copies, ``ws`` bf16 copies)."""
+def _dense_row(variants, qws, ws, m: int, wgmma: bool) -> dict:
+    """One row count of a dense weight (``qws`` packed copies, ``ws`` bf16 copies); ``wgmma``: the warpgroup-MMA
+    gemm beside the tiles."""
     n, k = qws[0].shape
     groups = n // 16
     qx = packed_activations(m, k)
@@ -94,16 +95,21 @@ def _dense_row(variants, qws, ws, m: int) -> dict:
     shared = fragment_gemm.shared_limit(qx.device)
     row["default_tile"] = list(fragment_gemm.gemm_tile(row_tiles, groups, shared))
     row["gemm"] = _time_variants(variants, run, len(qws), expected, ctas)
+    if wgmma:
+        use_source(variants[0][1])
+        timed = graph_time(lambda i: gpu_gemm.wgmma_matmul(qx, qws[i], torch.bfloat16), len(qws))
+        same = torch.equal(gpu_gemm.wgmma_matmul(qx, qws[0], torch.bfloat16), expected)
+        row["wgmma"] = {"us": timed["graph_s"] * 1e6, "same_bits": same}
     print(_line(f"dense {n}x{k} M={m:5d}", row), flush=True)
     return row
 
 
-def dense(variants) -> list[dict]:
+def dense(variants, wgmma: bool) -> list[dict]:
     rows = []
     for (n, k), ms in DENSE.items():
         qws = packed_weights(n, k)
         ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies_for(n * k * 2))]
-        rows += [_dense_row(variants, qws, ws, m) for m in ms]
+        rows += [_dense_row(variants, qws, ws, m, wgmma) for m in ms]
         del qws, ws
     return rows
 
@@ -147,7 +153,8 @@ def _line(label: str, row: dict) -> str:
     parts = [f"bf16 {row['bf16_us']:8.1f}"]
     if "gemv_us" in row:
         parts.append(f"gemv {row['gemv_us']:8.1f}")
-    for name, v in row["gemm"].items():
+    timed = list(row["gemm"].items()) + ([("wgmma", row["wgmma"])] if "wgmma" in row else [])
+    for name, v in timed:
         differ = "" if v["same_bits"] else " BITS DIFFER"
         parts.append(f"{name} {v['us']:8.1f} (x{row['bf16_us'] / v['us']:.2f}{differ})")
     return f"{label}: " + "  ".join(parts) + " us"
@@ -165,6 +172,7 @@ def main() -> None:
         help="gemm tiles GROUPS,STAGES,WARPS to time (default: fragment_gemm.GEMM_TILES)",
     )  # fmt: skip
     parser.add_argument("--skip", nargs="*", default=[], choices=["dense", "grouped"])
+    parser.add_argument("--wgmma", action="store_true", help="also time the warpgroup-MMA gemm on dense products")
     parser.add_argument("--out", type=Path, default=None, help="results JSON")
     args = parser.parse_args()
     for option, path in [("--against", args.against)] + [("--also", p) for p in args.also]:
@@ -187,12 +195,13 @@ def main() -> None:
     variants = _variants(args.tiles, args.also, args.against)
     command = "python -m benchmarks.gemm_pipeline_gpu --tiles " + " ".join(",".join(map(str, t)) for t in args.tiles)
     command += "".join(f" --also {p}" for p in args.also) + (f" --against {args.against}" if args.against else "")
+    command += " --wgmma" if args.wgmma else ""
     result = {"machine": describe(), "command": command, "default_tiles": fragment_gemm.GEMM_TILES}
     result["sources"] = [describe_source(path) for path in dict.fromkeys(path for _, path, _ in variants)]
     result["min_gemm_ctas"] = fragment_gemm.MIN_GEMM_CTAS
     try:
         if "dense" not in args.skip:
-            result["dense"] = dense(variants)
+            result["dense"] = dense(variants, args.wgmma)
         if "grouped" not in args.skip:
             result["grouped"] = grouped(variants)
     finally:

@@ -557,3 +557,154 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, (GEMM_GROUPS == 1 ? 16 
             }
     }
 }
+
+#if WGMMA
+// nvfp4_fragment_wgmma: gemm's block-ordered sum with Hopper's warpgroup MMA (compiled for sm_90a only, with
+// WGMMA defined; not dispatched: benchmarks/gemm_pipeline_gpu.py --wgmma and the GPU tests call it). A CTA of two
+// warpgroups covers WG_TOKENS = 128 activation rows and 8 column groups (a group a warp); each warpgroup issues one
+// wgmma.m64n128k16 per block, its A the four warps' decoded weights from registers (the fragment layout is
+// mma.m16n8k16's A layout, which wgmma takes per warp), its B the block's activations in shared memory, with a zero
+// accumulator (scale-d false), and adds the 64 x 128 block products to its running chunk sums in block order, as
+// gemm does; the two warpgroups hide each other's waits. The activations must arrive with each block's elements
+// in the fragment layout's K order (FRAGMENT_K_ORDER of fragment_gemm.py: 0, 1, 4, 5, ..., 2, 3, 6, 7, ...),
+// so that the mma's logical positions pair the same elements of both operands. A stage: the step's activations
+// as [block (8)][half (2)][row (128)][8 elements], core matrices of 8 rows x 16 bytes (no swizzle), then each
+// warp's weight words and scales as gemm stages them. Macros: WG_STAGES (the ring), LEADING_IS_K (which of the
+// descriptor's byte offsets steps along K: benchmarks/wgmma_probe_gpu.py says).
+#define WG_TOKENS 128
+#define WG_WARPS 8
+#define WG_X_BYTES (8 * 2 * WG_TOKENS * 16)  // a step's activations: 8 blocks x 2 halves x 128 rows x 16 bytes
+#define WG_W_BYTES 1152                      // a warp's weight words (2 quads x 512) and scales (2 x 64) per step
+#define WG_STAGE_BYTES (WG_X_BYTES + WG_WARPS * WG_W_BYTES)
+
+__device__ __forceinline__ unsigned long long wg_descriptor(const void* smem) {
+    const u32 address = (u32)__cvta_generic_to_shared(smem);
+    const unsigned long long along_k = (2 * 8 * WG_TOKENS) >> 4, along_n = 128 >> 4;  // bytes >> 4
+    const unsigned long long leading = LEADING_IS_K ? along_k : along_n, stride = LEADING_IS_K ? along_n : along_k;
+    return (unsigned long long)((address >> 4) & 0x3FFF) | (leading << 16) | (stride << 32);
+}
+
+// d = A x B for one block (scale-d false: d's earlier values are not read), issued and waited for; the fences keep
+// the compiler from touching d or a before the wgmma has finished with them.
+__device__ __forceinline__ void wgmma_block(float d[64], u32 a[4], unsigned long long desc) {
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, 0, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[i])::"memory");
+}
+
+extern "C" __global__ void __launch_bounds__(32 * WG_WARPS, 1) nvfp4_fragment_wgmma(
+    const Words* __restrict__ w_words, const Pair* __restrict__ w_scales, const float* __restrict__ w_g,
+    const u16* __restrict__ x, const float* __restrict__ x_g, out_t* __restrict__ out, int rows_total, int n, int k,
+    int groups, int quads) {
+    extern __shared__ __align__(128) unsigned char ring[];  // [WG_STAGES][WG_STAGE_BYTES]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int grp = lane >> 2, c = lane & 3;
+    const int row_start = blockIdx.x * WG_TOKENS;
+    const int g = blockIdx.y * WG_WARPS + warp;  // this warp's column group
+    const bool gok = g < groups;
+    const Words* wbase = w_words + (i64)(gok ? g : 0) * quads * 32 + lane;
+    const Pair* sbase = w_scales + (i64)(gok ? g : 0) * quads * 8;
+    // This thread's activations: row threadIdx.x % 128, blocks (threadIdx.x / 128) + 2i, both halves (32 bytes).
+    const int xrow = threadIdx.x % WG_TOKENS, xblock0 = threadIdx.x / WG_TOKENS;
+    const bool xok = row_start + xrow < rows_total;
+    const u16* xsrc = x + (i64)(xok ? row_start + xrow : 0) * k;
+    const bool scale_lane = lane < 16;
+    const int sq_i = (lane / 8) % 2;
+
+    const int steps = (quads + 1) / 2;
+    auto issue = [&](int step) {
+        if (step < steps) {
+            unsigned char* stage = ring + (step % WG_STAGES) * WG_STAGE_BYTES;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int block = xblock0 + 2 * i, element = step * STEP + block * 16;
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const bool ok = xok && element + half * 8 < k;
+                    copy_async16(stage + ((block * 2 + half) * WG_TOKENS + xrow) * 16,
+                                 xsrc + (ok ? element + half * 8 : 0), ok);
+                }
+            }
+            unsigned char* wstage = stage + WG_X_BYTES + warp * WG_W_BYTES;
+#pragma unroll
+            for (int qi = 0; qi < 2; ++qi) {
+                const int q = 2 * step + qi;
+                const bool ok = gok && q < quads;
+                copy_async16((Words*)wstage + qi * 32 + lane, wbase + (ok ? (i64)q * 32 : 0), ok);
+            }
+            if (scale_lane) {
+                const int q = 2 * step + sq_i;
+                const bool ok = gok && q < quads;
+                copy_async8((Pair*)(wstage + 1024) + lane, sbase + lane % 8 + (ok ? (i64)q * 8 : 0), ok);
+            }
+        }
+        copy_commit();
+    };
+
+    float d[64], acc[64], total[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) d[i] = acc[i] = total[i] = 0.0f;
+
+#pragma unroll
+    for (int s = 0; s < WG_STAGES - 1; ++s) issue(s);
+    for (int step = 0; step < steps; ++step) {
+        copy_wait<WG_STAGES - 2>();
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async's writes, seen by wgmma
+        __syncthreads();
+        issue(step + WG_STAGES - 1);
+        const unsigned char* stage = ring + (step % WG_STAGES) * WG_STAGE_BYTES;
+        const unsigned char* wstage = stage + WG_X_BYTES + warp * WG_W_BYTES;
+#pragma unroll
+        for (int qi = 0; qi < 2; ++qi) {
+            const Words wq = ((const Words*)wstage)[qi * 32 + lane];
+            const Pair sq = ((const Pair*)(wstage + 1024))[qi * 8 + grp];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                u32 a[4];
+                decode(wq.w[j], a);
+                scale_operands(a, sq, j);
+                wgmma_block(d, a, wg_descriptor(stage + (qi * 4 + j) * 2 * 16 * WG_TOKENS));
+#pragma unroll
+                for (int i = 0; i < 64; ++i) acc[i] = add_rn(acc[i], d[i]);
+            }
+        }
+        if ((2 * step + 2) % CHUNK_QUADS == 0 || step == steps - 1) {
+#pragma unroll
+            for (int i = 0; i < 64; ++i) {
+                total[i] = add_rn(total[i], acc[i]);
+                acc[i] = 0.0f;
+            }
+        }
+    }
+    if (!gok) return;
+    const float gw = w_g[0];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {  // register 4t + 2h + e: weight row grp + 8h, activation row 8t + 2c + e
+        const int r = row_start + 8 * (i / 4) + 2 * c + (i & 1);
+        const int nn = g * 16 + grp + 8 * ((i >> 1) & 1);
+        if (r < rows_total && nn < n)
+            out[(i64)r * n + nn] = to_out(mul_rn(mul_rn(mul_rn(total[i], 16384.0f), x_g[r]), gw));
+    }
+}
+#endif

@@ -89,6 +89,17 @@ GEMM_TILE_RULE = (
     f"{MAX_SHARED_BYTES} bytes, {' or '.join(map(str, GEMM_WARPS))} warps"
 )
 
+# The warpgroup-MMA gemm (nvfp4_fragment_wgmma, compiled with WGMMA for sm_90a: Hopper only). Not dispatched: it
+# has not run on a GPU yet (docs/gpu-kernels.md, the wgmma note); launch_wgmma and gemm.wgmma_matmul call it for the
+# GPU tests and benchmarks/gemm_pipeline_gpu.py --wgmma. A CTA: 128 activation rows x 8 column groups, 256 threads.
+WGMMA_ROWS = 128
+WGMMA_COLUMN_GROUPS = 8
+WGMMA_STAGES = 4
+# The element of a 16-element block at each logical K position of the fragment layout's mma operands (lane c holds
+# elements 4c..4c+3 where mma.m16n8k16 numbers them 2c, 2c+1, 2c+8, 2c+9): wgmma's B, read from shared memory in
+# logical order, needs the activations permuted so within each block.
+FRAGMENT_K_ORDER = (0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15)
+
 NVRTC_OPTIONS = ("--fmad=false",)  # every float32 add and multiply rounded on its own (docs/design.md §2.6)
 
 _log = logging.getLogger(__name__)
@@ -283,6 +294,65 @@ def _module(tile: GemvTile, gemm: GemmTile, grouped: bool, gather: bool, bf16: b
         gemv_kernel.set_shared_memory_config(_shared_limit(device_index))
         gemm_kernel.set_shared_memory_config(gemm_shared_bytes(gemm))
     return gemv_kernel, gemm_kernel
+
+
+def wgmma_shared_bytes(stages: int) -> int:
+    """Shared memory of one wgmma CTA, bytes: per stage the step's 128 elements of K for its 128 rows (``WG_X_BYTES``
+    of fragment_gemm.cu) and its eight warps' weight words and scales (``WG_W_BYTES`` each)."""
+    return stages * (8 * 2 * WGMMA_ROWS * 16 + 8 * 1152)
+
+
+def wgmma_source(stages: int, leading_is_k: bool, bf16: bool) -> str:
+    """The CUDA source with the wgmma kernel enabled (:data:`SOURCE` after its macros), for sm_90a."""
+    defines = f"#define WGMMA 1\n#define WG_STAGES {stages}\n#define LEADING_IS_K {int(leading_is_k)}\n"
+    return defines + source(GEMV_TILES[0], False, False, bf16)
+
+
+@functools.cache
+def _wgmma_module(stages: int, leading_is_k: bool, bf16: bool, device_index: int):
+    with torch.cuda.device(device_index):
+        kernel = torch.cuda._compile_kernel(
+            wgmma_source(stages, leading_is_k, bf16), "nvfp4_fragment_wgmma", compute_capability="90a",
+            nvcc_options=list(NVRTC_OPTIONS),
+        )  # fmt: skip
+        kernel.set_shared_memory_config(wgmma_shared_bytes(stages))
+    return kernel
+
+
+def launch_wgmma(
+    x: torch.Tensor,
+    x_g: torch.Tensor,
+    fragments: NVFP4Fragments,
+    w_g: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    stages: int = WGMMA_STAGES,
+    leading_is_k: bool = True,
+) -> None:
+    """The warpgroup-MMA gemm of one dense weight into ``out [M, N]`` (float32 or bfloat16), on ``x``'s device.
+
+    Args:
+        x: float16 ``[M, K]`` activations decoded without their global scale, each 16-element block's elements in
+            :data:`FRAGMENT_K_ORDER`; ``x_g`` float32 ``[M]``.
+        fragments: the weight ``[N, K]`` in the fragment layout; ``w_g`` float32 ``[1]``.
+        stages: steps of K in flight (the ring); ``leading_is_k``: which of the shared-memory descriptor's byte
+            offsets steps along K (benchmarks/wgmma_probe_gpu.py settles it).
+    Raises:
+        ValueError: not a Hopper GPU (compute capability 9.0); an expert stack; a ring that does not fit.
+    """
+    device_index = _index(x.device)
+    if torch.cuda.get_device_capability(device_index) != (9, 0):
+        raise ValueError("fragment wgmma: needs a Hopper GPU (compute capability 9.0, sm_90a)")
+    if fragments.words.shape[0] != 1:
+        raise ValueError(f"fragment wgmma: dense weights only, not a stack of {fragments.words.shape[0]} experts")
+    if stages < 2 or wgmma_shared_bytes(stages) > shared_limit(x.device):
+        raise ValueError(f"fragment wgmma: {stages} stages ({wgmma_shared_bytes(stages)} bytes) do not fit a CTA")
+    kernel = _wgmma_module(stages, leading_is_k, out.dtype == torch.bfloat16, device_index)
+    groups, quads = fragments.words.shape[1:3]
+    args = [fragments.words, fragments.scales, w_g, x, x_g, out, out.shape[0], fragments.n, fragments.k, groups, quads]
+    grid = (-(-out.shape[0] // WGMMA_ROWS), -(-groups // WGMMA_COLUMN_GROUPS), 1)
+    with torch.cuda.device(x.device):
+        kernel(grid=grid, block=(256, 1, 1), args=args, shared_mem=wgmma_shared_bytes(stages))
 
 
 def _common_args(x, x_g, fragments, w_g, out, x_rows, tiles) -> list:

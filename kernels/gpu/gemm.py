@@ -10,6 +10,8 @@ Triton's interpreter.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -158,6 +160,33 @@ def fragment_matmul(
             shared = fragment_gemm.shared_limit(qx.device)
             gemv = dense_gemv(m, qw.shape[0], shared) and fragment_gemm.gemv_fits(m, qx.shape[1], qx.device)
         fragment_gemm.launch(x, xg, _fragments(qw), wg, out, rows_per_matrix=m, gemv=gemv, tile=tile)
+    return out.to(out_dtype)
+
+
+@functools.cache
+def _fragment_k_order(device: torch.device) -> torch.Tensor:
+    """:data:`fragment_gemm.FRAGMENT_K_ORDER` on ``device``, made once (a CUDA graph cannot copy it in)."""
+    return torch.tensor(fragment_gemm.FRAGMENT_K_ORDER, device=device)
+
+
+def wgmma_matmul(
+    qx: NVFP4Tensor,
+    qw: NVFP4Tensor,
+    out_dtype: torch.dtype,
+    stages: int = fragment_gemm.WGMMA_STAGES,
+    leading_is_k: bool = True,
+) -> torch.Tensor:
+    """:func:`matmul` through the warpgroup-MMA gemm (:func:`fragment_gemm.launch_wgmma`: Hopper; not dispatched).
+    The activations are decoded as for the other kernels, then each block's elements permuted to the fragment
+    layout's K order (one extra pass over ``[M, K]`` float16)."""
+    m, k = qx.shape
+    kernel_dtype = out_dtype if out_dtype in _CUDA_OUT else torch.float32
+    out = torch.empty((m, qw.shape[0]), dtype=kernel_dtype, device=qx.device)
+    if m:
+        x, xg = _activations(qx)
+        x = x.view(m, k // NVFP4_BLOCK, NVFP4_BLOCK).index_select(2, _fragment_k_order(x.device)).reshape(m, k)
+        wg = qw.global_scale.reshape(1).to(torch.float32)
+        fragment_gemm.launch_wgmma(x, xg, _fragments(qw), wg, out, stages=stages, leading_is_k=leading_is_k)
     return out.to(out_dtype)
 
 

@@ -52,6 +52,16 @@ def test_a_gemm_tile_of_three_groups_one_stage_or_odd_warps_is_refused():
         compile_cubin(source.replace("#define GEMM_GROUPS 2", "#define GEMM_GROUPS 3"), fragment_gemm.NVRTC_OPTIONS, 90)
 
 
+@pytest.mark.parametrize("bf16", [False, True])
+@pytest.mark.parametrize("leading_is_k", [False, True])
+def test_the_wgmma_gemm_builds_for_hopper_without_spills(bf16, leading_is_k):
+    source = fragment_gemm.wgmma_source(fragment_gemm.WGMMA_STAGES, leading_is_k, bf16)
+    cubin, log = compile_cubin(source, fragment_gemm.NVRTC_OPTIONS, "90a")
+    report = log.split("Compiling entry function 'nvfp4_fragment_wgmma' for 'sm_90a'")[1].split("Compiling entry")[0]
+    assert "0 bytes spill stores" in report and b"nvfp4_fragment_wgmma" in cubin
+    assert fragment_gemm.wgmma_shared_bytes(fragment_gemm.WGMMA_STAGES) <= fragment_gemm.MAX_SHARED_BYTES
+
+
 @pytest.mark.parametrize("tile", [fragment_gemm.GEMV_TILES[0], fragment_gemm.STAGED_GEMV_TILES[0]])
 def test_builds_for_ada(tile):
     _, log = compile_cubin(fragment_gemm.source(tile, False, False, True), fragment_gemm.NVRTC_OPTIONS, 89)
