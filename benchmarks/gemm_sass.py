@@ -4,7 +4,7 @@ with Triton's bundled ``nvdisasm``. The loop runs from the label before its ``DE
 copies) to the branch back to it; its float32 adds (``FADD``, one per block and output: the block order of
 docs/design.md §2.6) against its tensor-core instructions (``HMMA``) are what bound gemm at many rows.
 
-    python -m benchmarks.gemm_sass [--tiles 2,4,8 1,2,4]
+    python -m benchmarks.gemm_sass [--tiles 2,4,8 1,2,4] [--wgmma]
 """
 
 from __future__ import annotations
@@ -29,12 +29,23 @@ _ADDRESS = re.compile(r"/\*[0-9a-f]{4,}\*/")
 def loop_opcodes(gemm: fragment_gemm.GemmTile) -> collections.Counter:
     """Opcode counts (without modifiers) of gemm's main loop for tile ``gemm`` (dense, bf16 output)."""
     source = fragment_gemm.source(fragment_gemm.GEMV_TILES[0], False, False, True, gemm)
-    cubin, _ = compile_cubin(source, fragment_gemm.NVRTC_OPTIONS, 90)
+    return _loop(compile_cubin(source, fragment_gemm.NVRTC_OPTIONS, 90)[0], "nvfp4_fragment_gemm")
+
+
+def wgmma_loop_opcodes() -> collections.Counter:
+    """Opcode counts of the warpgroup-MMA gemm's main loop (sm_90a, default stages, bf16 output)."""
+    source = fragment_gemm.wgmma_source(fragment_gemm.WGMMA_STAGES, True, True)
+    return _loop(compile_cubin(source, fragment_gemm.NVRTC_OPTIONS, "90a")[0], "nvfp4_fragment_wgmma")
+
+
+def _loop(cubin: bytes, kernel: str) -> collections.Counter:
+    """Opcode counts of ``kernel``'s main loop in ``cubin``: from the label before its ``DEPBAR`` (the wait for the
+    step's copies) to the branch back to it."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
         file.write(cubin)
         file.flush()
         sass = subprocess.run([NVDISASM, "-c", file.name], capture_output=True, text=True, check=True).stdout
-    start = sass.index(".text.nvfp4_fragment_gemm:")
+    start = sass.index(f".text.{kernel}:")
     end = sass.find("\n.text.", start + 1)
     lines = sass[start : end if end > 0 else None].splitlines()
     wait = next(i for i, line in enumerate(lines) if "DEPBAR.LE" in line)
@@ -52,6 +63,7 @@ def main() -> None:
         "--tiles", nargs="+", type=tile, default=list(fragment_gemm.GEMM_TILES),
         help="gemm tiles GROUPS,STAGES,WARPS to count (default: fragment_gemm.GEMM_TILES)",
     )  # fmt: skip
+    parser.add_argument("--wgmma", action="store_true", help="also count the warpgroup-MMA gemm's loop (sm_90a)")
     args = parser.parse_args()
     if len(set(args.tiles)) < len(args.tiles):
         parser.error("--tiles: a tile given twice")
@@ -61,6 +73,13 @@ def main() -> None:
         print(
             f"gemm tile {gemm}: {total} instructions a step, {mma} HMMA, {fadd} FADD ({fadd / total:.0%}), "
             f"{total / mma:.2f} per HMMA; most frequent: {counts.most_common(8)}"
+        )
+    if args.wgmma:
+        counts = wgmma_loop_opcodes()
+        total, fadd = sum(counts.values()), counts["FADD"]
+        print(
+            f"wgmma gemm: {total} instructions a step, {counts['HGMMA']} HGMMA, {fadd} FADD ({fadd / total:.0%}); "
+            f"most frequent: {counts.most_common(8)}"
         )
 
 

@@ -6,7 +6,7 @@ import pytest
 pytest.importorskip("nvidia.cuda_nvrtc", reason="the nvidia-cuda-nvrtc-cu12 dev dependency is not installed")
 pytest.importorskip("triton", reason="the triton package (its nvdisasm) is not installed")
 
-from benchmarks.gemm_sass import loop_opcodes
+from benchmarks.gemm_sass import loop_opcodes, wgmma_loop_opcodes
 
 
 @pytest.mark.parametrize("groups,warps", [(1, 8), (2, 8), (1, 4)])
@@ -16,3 +16,11 @@ def test_the_loop_of_a_step_is_found_by_its_instructions(groups, warps):
     assert counts["HMMA"] == blocks * tiles * groups
     assert counts["FADD"] >= blocks * tiles * groups * 4  # 4 outputs a lane per mma; the chunk-end adds on top
     assert counts["BAR"] == 1
+
+
+def test_the_wgmma_loop_holds_a_warpgroup_mma_and_the_adds_of_each_block():
+    counts = wgmma_loop_opcodes()
+    blocks, outputs_per_thread = 8, 64  # a 64 x 128 block product over a warpgroup's 128 threads
+    assert counts["HGMMA"] == blocks
+    assert counts["FADD"] >= blocks * outputs_per_thread
+    assert counts["HMMA"] == 0 and counts["BAR"] == 1
