@@ -1,12 +1,14 @@
 """Which operand layouts a block-ordered ``wgmma`` gemm can rely on, asked of the GPU (Hopper, ``sm_90a``).
 
-docs/gpu-kernels.md's note on a ``wgmma`` gemm rests on three things no run here has shown yet: that ``wgmma``'s
-register operand A takes, per warp, ``mma.m16n8k16``'s A layout (so the weights' fragment layout feeds it as it
-feeds ``mma.sync``), how a shared-memory descriptor without swizzle names its two byte offsets for a K-major B,
-and that B's rows may carry each block's elements in the fragment layout's K order
-(``FRAGMENT_K_ORDER``), which the activation decode would write. One ``wgmma.m64n16k16`` with a zero accumulator
-(``benchmarks/wgmma_probe.cu``) multiplies small integers, exact in float16 and float32, in each combination of
-descriptor reading and K order, and the result is compared bit for bit with ``A @ B.T``. Run on the GPU machine:
+docs/gpu-kernels.md's note on a ``wgmma`` gemm, and the warpgroup-MMA gemm written after it, rest on what no run
+here has shown yet: that ``wgmma``'s register operand A takes, per warp, ``mma.m16n8k16``'s A layout (so the
+weights' fragment layout feeds it as it feeds ``mma.sync``), that its result registers follow the layout
+``d_matrix`` reads, and how a shared-memory descriptor without swizzle names its two byte offsets for a K-major
+B. One ``wgmma.m64n16k16`` with a zero accumulator (``benchmarks/wgmma_probe.cu``) multiplies small integers,
+exact in float16 and float32, under each reading of the descriptor, and the result is compared bit for bit with
+``A @ B.T``. (The fragment layout's K order, ``fragment_gemm.FRAGMENT_K_ORDER``, is a relabelling applied to
+both operands, which no product of this kind can reveal; tests/kernels/test_wgmma_emulation.py ties it to the
+layout.) Run on the GPU machine:
 
     python -m benchmarks.wgmma_probe_gpu --out benchmarks/results/h100_wgmma_probe.json
 """
@@ -23,10 +25,6 @@ from benchmarks.machine import describe, write_record
 
 SOURCE = Path(__file__).with_name("wgmma_probe.cu")
 N = 16  # the probe's wgmma N
-# Element of a 16-element block that the operands' logical position j holds in the fragment layout: lane c's
-# registers hold elements 4c..4c+3 where mma numbers them 2c, 2c+1 (first register) and 2c+8, 2c+9 (second).
-FRAGMENT_K_ORDER = (0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15)
-MMA_K_ORDER = tuple(range(16))
 
 
 def _pairs(values: torch.Tensor) -> torch.Tensor:
@@ -35,25 +33,19 @@ def _pairs(values: torch.Tensor) -> torch.Tensor:
     return bits[..., 0] | (bits[..., 1] << 16)
 
 
-def a_registers(a: torch.Tensor, k_order: tuple[int, ...]) -> torch.Tensor:
+def a_registers(a: torch.Tensor) -> torch.Tensor:
     """A float16 ``[64, 16]`` as the warpgroup's register operand, int32 ``[128, 4]``: thread ``t`` of warp
     ``w = t // 32`` (rows ``16w..16w+15``), ``g = (t % 32) // 4``, ``c = t % 4`` holds rows ``16w + g`` and
-    ``16w + g + 8`` at logical positions ``2c, 2c+1`` (registers 0, 1) and ``2c+8, 2c+9`` (2, 3), each position
-    ``j`` carrying element ``k_order[j]`` (``mma.m16n8k16``'s A layout, PTX ISA)."""
-    logical = a[:, list(k_order)]
+    ``16w + g + 8`` at columns ``2c, 2c+1`` (registers 0, 1) and ``2c+8, 2c+9`` (2, 3): ``mma.m16n8k16``'s A
+    layout (PTX ISA)."""
     t = torch.arange(128)
     row = 16 * (t // 32) + (t % 32) // 4
     col = 2 * (t % 4)
     words = []
     for dr, dc in ((0, 0), (8, 0), (0, 8), (8, 8)):
-        pair = torch.stack((logical[row + dr, col + dc], logical[row + dr, col + dc + 1]), dim=-1)
+        pair = torch.stack((a[row + dr, col + dc], a[row + dr, col + dc + 1]), dim=-1)
         words.append(_pairs(pair))
     return torch.stack(words, dim=1)
-
-
-def b_rows(b: torch.Tensor, k_order: tuple[int, ...]) -> torch.Tensor:
-    """B float16 ``[N, 16]`` (one row per output column, K contiguous) with each row's elements in ``k_order``."""
-    return b[:, list(k_order)].contiguous()
 
 
 def d_matrix(d_out: torch.Tensor) -> torch.Tensor:
@@ -70,17 +62,17 @@ def source() -> str:
     return f"#define N {N}\n" + SOURCE.read_text()
 
 
-def probe(kernel, a: torch.Tensor, b: torch.Tensor, leading_is_k: bool, k_order: tuple[int, ...]) -> dict:
-    """One wgmma of ``a [64, 16]`` and ``b [N, 16]`` (float16, CPU) staged as ``leading_is_k`` and ``k_order`` say."""
-    regs = a_registers(a, k_order).cuda()
-    rows = b_rows(b, k_order).view(torch.int16).cuda()
+def probe(kernel, a: torch.Tensor, b: torch.Tensor, leading_is_k: bool) -> dict:
+    """One wgmma of ``a [64, 16]`` and ``b [N, 16]`` (float16, CPU; B one row per output column, K contiguous)
+    with the descriptor read as ``leading_is_k`` says."""
+    regs = a_registers(a).cuda()
+    rows = b.contiguous().view(torch.int16).cuda()
     d_out = torch.zeros(128, N // 2, dtype=torch.float32, device="cuda")
     kernel(grid=(1, 1, 1), block=(128, 1, 1), args=[regs, rows, d_out, int(leading_is_k)])
     torch.cuda.synchronize()
     got, expected = d_matrix(d_out.cpu()), a.float() @ b.float().T
     return {
         "leading_offset": "K" if leading_is_k else "N",
-        "k_order": "fragment" if k_order == FRAGMENT_K_ORDER else "mma",
         "same_bits": torch.equal(got, expected),
         "wrong_outputs": int((got != expected).sum()),
     }
@@ -98,14 +90,10 @@ def main() -> None:
     generator = torch.Generator().manual_seed(0)
     a = torch.randint(-4, 5, (64, 16), generator=generator).to(torch.float16)
     b = torch.randint(-4, 5, (N, 16), generator=generator).to(torch.float16)
-    results = [
-        probe(kernel, a, b, leading_is_k, k_order)
-        for leading_is_k in (True, False)
-        for k_order in (MMA_K_ORDER, FRAGMENT_K_ORDER)
-    ]
+    results = [probe(kernel, a, b, leading_is_k) for leading_is_k in (True, False)]
     for row in results:
         print(
-            f"leading byte offset along {row['leading_offset']}, K order {row['k_order']:8s}: "
+            f"leading byte offset along {row['leading_offset']}: "
             f"{'same bits as A @ B.T' if row['same_bits'] else str(row['wrong_outputs']) + ' outputs wrong'}"
         )
     if args.out:

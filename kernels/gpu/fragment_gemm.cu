@@ -625,8 +625,11 @@ extern "C" __global__ void __launch_bounds__(32 * WG_WARPS, 1) nvfp4_fragment_wg
     const bool gok = g < groups;
     const Words* wbase = w_words + (i64)(gok ? g : 0) * quads * 32 + lane;
     const Pair* sbase = w_scales + (i64)(gok ? g : 0) * quads * 8;
-    // This thread's activations: row threadIdx.x % 128, blocks (threadIdx.x / 128) + 2i, both halves (32 bytes).
-    const int xrow = threadIdx.x % WG_TOKENS, xblock0 = threadIdx.x / WG_TOKENS;
+    // This thread's activations: one half (16 bytes) of every block of row xrow. A warp's copy covers 16 rows'
+    // whole 32-byte sectors (lanes l and l + 8 take a row's two halves) and writes 8 rows' 128 contiguous bytes of
+    // a half per quarter-warp.
+    static_assert(WG_TOKENS == 16 * WG_WARPS, "each warp stages 16 rows");
+    const int xrow = 16 * warp + (lane & 7) + 8 * (lane >> 4), xhalf = (lane >> 3) & 1;
     const bool xok = row_start + xrow < rows_total;
     const u16* xsrc = x + (i64)(xok ? row_start + xrow : 0) * k;
     const bool scale_lane = lane < 16;
@@ -637,14 +640,10 @@ extern "C" __global__ void __launch_bounds__(32 * WG_WARPS, 1) nvfp4_fragment_wg
         if (step < steps) {
             unsigned char* stage = ring + (step % WG_STAGES) * WG_STAGE_BYTES;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int block = xblock0 + 2 * i, element = step * STEP + block * 16;
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const bool ok = xok && element + half * 8 < k;
-                    copy_async16(stage + ((block * 2 + half) * WG_TOKENS + xrow) * 16,
-                                 xsrc + (ok ? element + half * 8 : 0), ok);
-                }
+            for (int block = 0; block < 8; ++block) {
+                const int element = step * STEP + block * 16 + xhalf * 8;
+                const bool ok = xok && element < k;
+                copy_async16(stage + ((block * 2 + xhalf) * WG_TOKENS + xrow) * 16, xsrc + (ok ? element : 0), ok);
             }
             unsigned char* wstage = stage + WG_X_BYTES + warp * WG_W_BYTES;
 #pragma unroll

@@ -338,8 +338,27 @@ def launch_wgmma(
         stages: steps of K in flight (the ring); ``leading_is_k``: which of the shared-memory descriptor's byte
             offsets steps along K (benchmarks/wgmma_probe_gpu.py settles it).
     Raises:
-        ValueError: not a Hopper GPU (compute capability 9.0); an expert stack; a ring that does not fit.
+        ValueError: not a Hopper GPU (compute capability 9.0); an expert stack; a ring that does not fit; operands
+            of other shapes, dtypes or layouts than the kernel reads.
     """
+    m = out.shape[0]
+    if x.dtype != torch.float16 or tuple(x.shape) != (m, fragments.k) or not x.is_contiguous():
+        raise ValueError(
+            f"fragment wgmma: activations {x.dtype} {tuple(x.shape)}, not contiguous float16 [{m}, {fragments.k}]"
+        )
+    if x_g.dtype != torch.float32 or x_g.numel() != m or w_g.dtype != torch.float32 or w_g.numel() != 1:
+        raise ValueError(
+            f"fragment wgmma: global scales {tuple(x_g.shape)} and {tuple(w_g.shape)}, not float32 [{m}] and [1]"
+        )
+    if (
+        tuple(out.shape) != (m, fragments.n)
+        or not out.is_contiguous()
+        or out.dtype not in (torch.float32, torch.bfloat16)
+    ):
+        raise ValueError(
+            f"fragment wgmma: output {out.dtype} {tuple(out.shape)}, not contiguous float32 or bfloat16 "
+            f"[{m}, {fragments.n}]"
+        )
     device_index = _index(x.device)
     if torch.cuda.get_device_capability(device_index) != (9, 0):
         raise ValueError("fragment wgmma: needs a Hopper GPU (compute capability 9.0, sm_90a)")
