@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.kernels_gpu import copies_for, graph_time
-from benchmarks.machine import describe, write_record
+from benchmarks.machine import describe, out_problem, write_record
 from nibble.kernels import gemm, nvfp4
 from nibble.kernels.gpu import fragment_gemm, grouped
 from nibble.kernels.gpu import gemm as gpu_gemm
@@ -236,8 +236,8 @@ def main() -> None:
     args = parser.parse_args()
     if {"dense", "grouped"} <= set(args.skip):
         parser.error("--skip: skipping both dense and grouped leaves nothing to time")
-    if args.out.is_dir() or not args.out.parent.is_dir():
-        parser.error(f"--out {args.out}: {'a directory' if args.out.is_dir() else 'its folder does not exist'}")
+    if problem := out_problem(args.out):
+        parser.error(f"--out {args.out}: {problem}")
     values = {name: tuple(getattr(args, name)) for name in SWEEP}
     if args.sweep and not sweep_tiles(values):
         parser.error("--sweep: no combination of these launch parameters makes a gemv tile (fragment_gemm.tile_builds)")
@@ -264,14 +264,14 @@ def main() -> None:
                 for n, k in ((2 * INTER, HIDDEN), (HIDDEN, INTER))
             ]
         shared = fragment_gemm.shared_limit(torch.device("cuda"))
-        result["crossover_rows"] = {  # measured: dense per N x K, grouped the least over both projections
-            "dense": {f"{n}x{k}": rows for (n, k), rows in zip(DENSE_SHAPES, dense_crossovers(result), strict=True)}
-            if "dense" in result
-            else {},
-        }
-        result["dispatch_crossover_rows"] = {  # what gpu_gemm's rule takes at the same row counts
-            "dense": {f"{n}x{k}": dispatch_crossover(n, shared) for n, k in DENSE_SHAPES if "dense" in result},
-        }
+        # measured: dense per N x K, grouped the least over both projections; beside it what gpu_gemm's rule takes
+        result["crossover_rows"], result["dispatch_crossover_rows"] = {}, {}
+        if "dense" in result:
+            names = [f"{n}x{k}" for n, k in DENSE_SHAPES]
+            measured = result["crossover_rows_dense_per_shape"]
+            result["crossover_rows"]["dense"] = dict(zip(names, measured, strict=True))
+            dispatch = [dispatch_crossover(n, shared) for n, _ in DENSE_SHAPES]
+            result["dispatch_crossover_rows"]["dense"] = dict(zip(names, dispatch, strict=True))
         if "grouped" in result:
             result["crossover_rows"]["grouped"] = min(result["crossover_rows_grouped_per_shape"])
             result["dispatch_crossover_rows"]["grouped"] = gpu_gemm.GROUPED_CROSSOVER_ROWS

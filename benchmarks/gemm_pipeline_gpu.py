@@ -22,7 +22,7 @@ import torch
 from benchmarks.fragment_kernel_ab_gpu import describe_source, use_source
 from benchmarks.gemm_backends_gpu import EXPERTS, packed_activations, packed_stack, packed_weights
 from benchmarks.kernels_gpu import copies_for, graph_time
-from benchmarks.machine import describe, write_record
+from benchmarks.machine import describe, out_problem, write_record
 from nibble.kernels.gpu import fragment_gemm
 from nibble.kernels.gpu import gemm as gpu_gemm
 
@@ -85,7 +85,7 @@ def _dense_row(variants, qws, ws, m: int, wgmma: bool) -> dict:
     row_tiles = -(-m // fragment_gemm.GEMM_ROWS)
 
     def ctas(t):
-        return row_tiles * fragment_gemm.gemm_column_ctas(groups, t)
+        return fragment_gemm.gemm_ctas(row_tiles, groups, t)
 
     row = {"shape": [n, k], "m": m}
     row["bf16_us"] = graph_time(lambda i: x @ ws[i].T, len(ws))["graph_s"] * 1e6
@@ -186,8 +186,8 @@ def main() -> None:
         parser.error(f"--tiles: a tile given twice ({' '.join(','.join(map(str, t)) for t in args.tiles)})")
     if {"dense", "grouped"} <= set(args.skip):
         parser.error("--skip: skipping both dense and grouped leaves nothing to time")
-    if args.out is not None and (args.out.is_dir() or not args.out.parent.is_dir()):
-        parser.error(f"--out {args.out}: {'a directory' if args.out.is_dir() else 'its folder does not exist'}")
+    if args.out is not None and (problem := out_problem(args.out)):
+        parser.error(f"--out {args.out}: {problem}")
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/gemm_pipeline_gpu.py needs a CUDA GPU")
     torch.manual_seed(0)

@@ -51,6 +51,14 @@ def mps_running() -> bool:
     return os.path.exists(os.path.join(pipes, "control"))
 
 
+def out_problem(path: Path) -> str | None:
+    """Why a benchmark could not write its record to ``path`` after its run (a directory, a missing folder), or
+    None: command lines check it before they look for a GPU."""
+    if path.is_dir():
+        return "a directory"
+    return None if path.parent.is_dir() else "its folder does not exist"
+
+
 def write_record(
     path: Path, record: dict, indent: int = 2, default: Callable | None = None, announce: bool = True
 ) -> None:

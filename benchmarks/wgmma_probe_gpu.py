@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.machine import describe, write_record
+from benchmarks.machine import describe, out_problem, write_record
 
 SOURCE = Path(__file__).with_name("wgmma_probe.cu")
 N = 16  # the probe's wgmma N
@@ -82,8 +82,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=None, help="results JSON")
     args = parser.parse_args()
-    if args.out is not None and (args.out.is_dir() or not args.out.parent.is_dir()):
-        parser.error(f"--out {args.out}: {'a directory' if args.out.is_dir() else 'its folder does not exist'}")
+    if args.out is not None and (problem := out_problem(args.out)):
+        parser.error(f"--out {args.out}: {problem}")
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         raise SystemExit("benchmarks/wgmma_probe_gpu.py needs a Hopper GPU (compute capability 9.0)")
     kernel = torch.cuda._compile_kernel(source(), "wgmma_probe", compute_capability="90a")

@@ -224,13 +224,18 @@ def gemm_tile(row_tiles: int, groups: int, shared_bytes: int) -> GemmTile:
     fitting = [tile for tile in GEMM_TILES if gemm_shared_bytes(tile) <= shared_bytes]
     if not fitting:
         raise ValueError(f"fragment gemm: no tile's ring fits {shared_bytes} bytes of shared memory")
-    enough = (tile for tile in fitting if row_tiles * gemm_column_ctas(groups, tile) >= MIN_GEMM_CTAS)
+    enough = (tile for tile in fitting if gemm_ctas(row_tiles, groups, tile) >= MIN_GEMM_CTAS)
     return next(enough, fitting[-1])
 
 
 def gemm_column_ctas(groups: int, tile: GemmTile) -> int:
     """gemm CTAs along N for a weight of ``groups`` column groups: each covers its warps' groups."""
     return -(-groups // (tile[2] * tile[0]))
+
+
+def gemm_ctas(row_tiles: int, groups: int, tile: GemmTile) -> int:
+    """CTAs gemm launches with ``tile`` for ``row_tiles`` tiles of 64 rows and ``groups`` column groups."""
+    return row_tiles * gemm_column_ctas(groups, tile)
 
 
 def gemm_shared_bytes(tile: GemmTile) -> int:
@@ -299,7 +304,7 @@ def _module(tile: GemvTile, gemm: GemmTile, grouped: bool, gather: bool, bf16: b
 def wgmma_shared_bytes(stages: int) -> int:
     """Shared memory of one wgmma CTA, bytes: per stage the step's 128 elements of K for its 128 rows (``WG_X_BYTES``
     of fragment_gemm.cu) and its eight warps' weight words and scales (``WG_W_BYTES`` each)."""
-    return stages * (8 * 2 * WGMMA_ROWS * 16 + 8 * 1152)
+    return stages * (8 * 2 * WGMMA_ROWS * 16 + WGMMA_COLUMN_GROUPS * 2 * 576)
 
 
 def wgmma_source(stages: int, leading_is_k: bool, bf16: bool) -> str:
@@ -368,10 +373,10 @@ def launch_wgmma(
         raise ValueError(f"fragment wgmma: {stages} stages ({wgmma_shared_bytes(stages)} bytes) do not fit a CTA")
     kernel = _wgmma_module(stages, leading_is_k, out.dtype == torch.bfloat16, device_index)
     groups, quads = fragments.words.shape[1:3]
-    args = [fragments.words, fragments.scales, w_g, x, x_g, out, out.shape[0], fragments.n, fragments.k, groups, quads]
-    grid = (-(-out.shape[0] // WGMMA_ROWS), -(-groups // WGMMA_COLUMN_GROUPS), 1)
-    with torch.cuda.device(x.device):
-        kernel(grid=grid, block=(256, 1, 1), args=args, shared_mem=wgmma_shared_bytes(stages))
+    args = [fragments.words, fragments.scales, w_g, x, x_g, out, m, fragments.n, fragments.k, groups, quads]
+    grid = (-(-m // WGMMA_ROWS), -(-groups // WGMMA_COLUMN_GROUPS), 1)
+    with torch.cuda.device(x.device):  # a warp a column group
+        kernel(grid=grid, block=(32 * WGMMA_COLUMN_GROUPS, 1, 1), args=args, shared_mem=wgmma_shared_bytes(stages))
 
 
 def _common_args(x, x_g, fragments, w_g, out, x_rows, tiles) -> list:

@@ -123,7 +123,7 @@ def dense_gemv(m: int, n: int, shared_bytes: int) -> bool:
         return m <= fewest
     row_tiles, groups = -(-m // fragment_gemm.GEMM_ROWS), -(-n // 16)
     tile = fragment_gemm.gemm_tile(row_tiles, groups, shared_bytes)
-    return row_tiles * fragment_gemm.gemm_column_ctas(groups, tile) < fragment_gemm.MIN_GEMM_CTAS
+    return fragment_gemm.gemm_ctas(row_tiles, groups, tile) < fragment_gemm.MIN_GEMM_CTAS
 
 
 def matmul(qx: NVFP4Tensor, qw: NVFP4Tensor, out_dtype: torch.dtype) -> torch.Tensor:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from nibble.kernels import nvfp4
-from nibble.kernels.fragments import element_order, to_fragments
+from nibble.kernels.fragments import REGISTER_BITS, element_order, to_fragments
 from nibble.kernels.reference import block_gemm
 from tests.helpers import heavy_tailed
 
@@ -63,8 +63,6 @@ def _weight_operands(words: np.ndarray, scales: np.ndarray) -> np.ndarray:
 
 
 def _code(word: int, register: int, half: int) -> int:
-    from nibble.kernels.fragments import REGISTER_BITS
-
     magnitude_bits = REGISTER_BITS[register][0 if half == 0 else 2]
     sign_bit = REGISTER_BITS[register][1 if half == 0 else 3]
     magnitude = sum(((word >> bit) & 1) << i for i, bit in enumerate(magnitude_bits))
