@@ -8,7 +8,14 @@ B. One ``wgmma.m64n16k16`` with a zero accumulator (``benchmarks/wgmma_probe.cu`
 exact in float16 and float32, under each reading of the descriptor, and the result is compared bit for bit with
 ``A @ B.T``. (The fragment layout's K order, ``fragment_gemm.FRAGMENT_K_ORDER``, is a relabelling applied to
 both operands, which no product of this kind can reveal; tests/kernels/test_wgmma_emulation.py ties it to the
-layout.) Run on the GPU machine:
+layout.) The readings agree with CUTLASS's (``make_gmma_desc``: a K-major tile without swizzle steps its 8-row
+core-matrix groups by the stride byte offset and its two K halves by the leading one; ``ALayout_64x16`` and
+``CLayout_64xN`` are the register layouts written here), which is why the kernel's default is ``LEADING_IS_K``.
+
+Then the warpgroup-MMA gemm itself (``gemm.wgmma_matmul``) runs under each reading on shapes off its tiles and
+is compared bit for bit with gemm (``fragment_matmul``, whose bits the GPU tests tie to the CPU reference), each
+reading in a process of its own, so that a fault under one (a sticky CUDA error) leaves the other's answer.
+Run on the GPU machine:
 
     python -m benchmarks.wgmma_probe_gpu --out benchmarks/results/h100_wgmma_probe.json
 """
@@ -17,6 +24,9 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -25,6 +35,10 @@ from benchmarks.machine import describe, out_problem, write_record
 
 SOURCE = Path(__file__).with_name("wgmma_probe.cu")
 N = 16  # the probe's wgmma N
+# (rows, weight rows, K): a whole 128-row tile; rows, column groups and K off the tiles, K ending inside a step;
+# chunks of K ending inside a step.
+GEMM_SHAPES = ((128, 128, 1024), (300, 272, 2064), (129, 520, 4112))
+GEMM_TIMEOUT_S = 300
 
 
 def _pairs(values: torch.Tensor) -> torch.Tensor:
@@ -78,6 +92,39 @@ def probe(kernel, a: torch.Tensor, b: torch.Tensor, leading_is_k: bool) -> dict:
     }
 
 
+def gemm_rows(leading_is_k: bool) -> list[dict]:
+    """The warpgroup-MMA gemm under one descriptor reading against gemm's bits (float32 output) on
+    :data:`GEMM_SHAPES`: per shape the outputs whose bits differ."""
+    from benchmarks.gemm_backends_gpu import packed_activations, packed_weights
+    from nibble.kernels.gpu import gemm as gpu_gemm
+
+    rows = []
+    for m, n, k in GEMM_SHAPES:
+        qw, qx = packed_weights(n, k, copies=1)[0], packed_activations(m, k)
+        expected = gpu_gemm.fragment_matmul(qx, qw, torch.float32, gemv=False)
+        got = gpu_gemm.wgmma_matmul(qx, qw, torch.float32, leading_is_k=leading_is_k)
+        rows.append(
+            {"shape": [m, n, k], "wrong_outputs": int((got.view(torch.int32) != expected.view(torch.int32)).sum())}
+        )
+    return rows
+
+
+def gemm_reading(leading_is_k: bool) -> dict:
+    """:func:`gemm_rows` in a child process (a fault there is reported, not raised)."""
+    child = (
+        f"import json; from benchmarks.wgmma_probe_gpu import gemm_rows; print(json.dumps(gemm_rows({leading_is_k})))"
+    )
+    row = {"leading_offset": "K" if leading_is_k else "N"}
+    try:
+        run = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=GEMM_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return row | {"error": f"no answer within {GEMM_TIMEOUT_S} s (a hang: a wait that never completes)"}
+    if run.returncode:
+        return row | {"error": (run.stderr.strip().splitlines() or [f"exit status {run.returncode}"])[-1]}
+    shapes = json.loads(run.stdout.strip().splitlines()[-1])
+    return row | {"same_bits": all(s["wrong_outputs"] == 0 for s in shapes), "shapes": shapes}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=None, help="results JSON")
@@ -96,10 +143,16 @@ def main() -> None:
             f"leading byte offset along {row['leading_offset']}: "
             f"{'same bits as A @ B.T' if row['same_bits'] else str(row['wrong_outputs']) + ' outputs wrong'}"
         )
+    gemms = [gemm_reading(leading_is_k) for leading_is_k in (True, False)]
+    for row in gemms:
+        verdict = row.get("error") or (
+            "same bits as gemm on every shape" if row["same_bits"]
+            else ", ".join(f"{s['shape']}: {s['wrong_outputs']} outputs wrong" for s in row["shapes"])
+        )  # fmt: skip
+        print(f"wgmma gemm, leading byte offset along {row['leading_offset']}: {verdict}")
     if args.out:
-        write_record(
-            args.out, {"machine": describe(), "command": "python -m benchmarks.wgmma_probe_gpu", "probes": results}
-        )
+        record = {"machine": describe(), "command": "python -m benchmarks.wgmma_probe_gpu", "probes": results}
+        write_record(args.out, record | {"gemms": gemms})
 
 
 if __name__ == "__main__":

@@ -58,3 +58,10 @@ def test_a_bad_out_is_refused_before_the_gpu_is_looked_for(monkeypatch, capsys, 
     with pytest.raises(SystemExit) as exit_info:
         probe.main()
     assert exit_info.value.code == 2 and "a directory" in capsys.readouterr().err
+
+
+def test_a_fault_in_the_gemm_under_one_reading_is_reported_not_raised():
+    """Off the GPU the child process fails (no CUDA): the reading comes back with the child's last error line."""
+    row = probe.gemm_reading(leading_is_k=False)
+    assert row["leading_offset"] == "N" and "same_bits" not in row
+    assert "CUDA" in row["error"] or "cuda" in row["error"]
