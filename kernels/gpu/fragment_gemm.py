@@ -73,9 +73,14 @@ GemmTile = tuple[int, int, int]  # gemm: (column groups per warp, steps of K in 
 # (h100_gemm_tiles.json), us, the tile taken against the best of seven: 8192 x 7168 M = 64 (1, 2, 4) 55.4, its best
 # (eight warps 76.3); M = 128 (2, 4, 4) 75.8, best; M = 192 118.8 against 112.0; M = 1024 (2, 4, 8) 455.9 against
 # 451.3; 4096 x 4096 M = 64 and 128 (1, 2, 4) 34.0 and 34.3, best (eight warps 46.0 and 46.3); 1536 x 2048 M = 1024
-# (2, 4, 4) 39.9 against 37.3; grouped 128 x 1536 x 2048 at 16 rows an expert (2, 4, 8) 217.2 against 211.8, 128 x
-# 2048 x 768 at 256 557.1 against 527.5.
+# (2, 4, 4) 39.9 against 37.3.
 GEMM_TILES: tuple[GemmTile, ...] = ((2, 4, 8), (2, 4, 4), (1, 2, 8), (1, 2, 4))
+# Grouped products (rows sorted by expert, a CTA a tile of one expert's rows) take four-warp CTAs first. Of the
+# tiles above, in the 10 grouped rows of h100_gemm_tiles.json (128 experts, 1536 x 2048 and 2048 x 768, 8 to 256
+# rows an expert), (2, 4, 4) was the fastest in 8, level with (1, 2, 8) in a ninth (146.91 against 146.89 us), and
+# 1.7% behind (2, 4, 8) in the tenth (1536 x 2048 at 64 rows an expert); elsewhere 1.4-4.4% ahead of (2, 4, 8),
+# which grouped products took before.
+GROUPED_GEMM_TILES: tuple[GemmTile, ...] = ((2, 4, 4), (2, 4, 8), (1, 2, 8), (1, 2, 4))
 MIN_GEMM_CTAS = 128
 MAX_SHARED_BYTES = 232448  # the most shared memory a CTA can opt in to on any GPU so far (Hopper, Blackwell: 227 KB)
 
@@ -204,10 +209,11 @@ def tile_builds(tile: GemvTile) -> bool:
     return counts_ok and not (tile[4] and tile[1] < 2) and tile[2] * tile[5] <= 32
 
 
-def gemm_tile(row_tiles: int, groups: int, shared_bytes: int) -> GemmTile:
+def gemm_tile(row_tiles: int, groups: int, shared_bytes: int, grouped: bool = False) -> GemmTile:
     """gemm's tile for ``row_tiles`` CTAs along M (at most, for a grouped product), a weight of ``groups`` column
     groups (N / 16) and ``shared_bytes`` a CTA may take (:func:`shared_limit`): the first of :data:`GEMM_TILES`
-    whose ring fits and that launches :data:`MIN_GEMM_CTAS` CTAs, else the last whose ring fits.
+    (:data:`GROUPED_GEMM_TILES` for a ``grouped`` product) whose ring fits and that launches :data:`MIN_GEMM_CTAS`
+    CTAs, else the last whose ring fits.
 
     Raises:
         ValueError: counts that are not integers; no rows or no column groups; no tile's ring fits ``shared_bytes``.
@@ -221,7 +227,9 @@ def gemm_tile(row_tiles: int, groups: int, shared_bytes: int) -> GemmTile:
         ) from None
     if row_tiles < 1 or groups < 1:
         raise ValueError(f"fragment gemm: {row_tiles} row tiles of {groups} column groups is no product to tile")
-    fitting = [tile for tile in GEMM_TILES if gemm_shared_bytes(tile) <= shared_bytes]
+    fitting = [
+        tile for tile in (GROUPED_GEMM_TILES if grouped else GEMM_TILES) if gemm_shared_bytes(tile) <= shared_bytes
+    ]
     if not fitting:
         raise ValueError(f"fragment gemm: no tile's ring fits {shared_bytes} bytes of shared memory")
     enough = (tile for tile in fitting if gemm_ctas(row_tiles, groups, tile) >= MIN_GEMM_CTAS)
@@ -434,7 +442,7 @@ def launch(
             raise ValueError(f"fragment gemv: K = {fragments.k} needs more shared memory than a CTA has; use gemm")
         gemm = GEMM_TILES[-1]  # gemv's compile: the gemm tile is only a macro there
     else:
-        gemm = tile or gemm_tile(grid_rows, groups, shared_limit(x.device))
+        gemm = tile or gemm_tile(grid_rows, groups, shared_limit(x.device), grouped=tiles is not None)
         if gemm_shared_bytes(gemm) > shared_limit(x.device):
             raise ValueError(f"fragment gemm: tile {gemm}'s ring needs more shared memory than a CTA has")
         tile = GEMV_TILES[0]  # gemm's compile: the gemv tile is only a macro there

@@ -198,6 +198,14 @@ def test_gemm_takes_the_first_tile_that_still_launches_enough_ctas():
     assert fragment_gemm.gemm_tile(1, 1, HOPPER_SHARED) == fragment_gemm.GEMM_TILES[-1]
 
 
+def test_grouped_products_take_four_warp_ctas_first_where_their_ring_fits():
+    assert set(fragment_gemm.GROUPED_GEMM_TILES) == set(fragment_gemm.GEMM_TILES)
+    assert fragment_gemm.gemm_tile(1000, 96, HOPPER_SHARED, grouped=True) == (2, 4, 4)
+    assert fragment_gemm.gemm_tile(1000, 96, HOPPER_SHARED) == (2, 4, 8)
+    ada = 101376  # (2, 4, 4)'s ring does not fit; the one-group tiles come in the dense order
+    assert fragment_gemm.gemm_tile(1000, 96, ada, grouped=True) == fragment_gemm.gemm_tile(1000, 96, ada) == (1, 2, 8)
+
+
 def test_gemm_takes_a_tile_whose_ring_fits_the_shared_memory_of_the_gpu():
     ada = 101376  # bytes a CTA may opt in to on sm_89 (and sm_120)
     assert fragment_gemm.gemm_shared_bytes(fragment_gemm.gemm_tile(1000, 512, HOPPER_SHARED)) > ada
