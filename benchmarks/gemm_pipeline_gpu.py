@@ -163,18 +163,21 @@ def _line(label: str, row: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--against", type=Path, help="an earlier fragment_gemm.cu whose gemm to time beside")
+    # A list option given twice adds to itself (extend) rather than the second silently replacing the first.
     parser.add_argument(
-        "--also", type=Path, nargs="*", default=[],
+        "--also", type=Path, nargs="+", action="extend",
         help="variants of the working tree's fragment_gemm.cu (same macros and launch), timed at every tile",
     )  # fmt: skip
     parser.add_argument(
-        "--tiles", nargs="+", type=tile, default=list(fragment_gemm.GEMM_TILES),
+        "--tiles", nargs="+", type=tile, action="extend",
         help="gemm tiles GROUPS,STAGES,WARPS to time (default: fragment_gemm.GEMM_TILES)",
     )  # fmt: skip
-    parser.add_argument("--skip", nargs="*", default=[], choices=["dense", "grouped"])
+    parser.add_argument("--skip", nargs="+", action="extend", choices=["dense", "grouped"])
     parser.add_argument("--wgmma", action="store_true", help="also time the warpgroup-MMA gemm on dense products")
     parser.add_argument("--out", type=Path, default=None, help="results JSON")
     args = parser.parse_args()
+    args.also, args.skip = args.also or [], args.skip or []
+    args.tiles = args.tiles or list(fragment_gemm.GEMM_TILES)
     for option, path in [("--against", args.against)] + [("--also", p) for p in args.also]:
         if path is not None and not path.is_file():
             parser.error(f"{option} {path}: {'not a file' if path.exists() else 'no such file'}")
@@ -195,8 +198,9 @@ def main() -> None:
     variants = _variants(args.tiles, args.also, args.against)
     command = "python -m benchmarks.gemm_pipeline_gpu --tiles " + " ".join(",".join(map(str, t)) for t in args.tiles)
     command += "".join(f" --also {p}" for p in args.also) + (f" --against {args.against}" if args.against else "")
-    command += " --wgmma" if args.wgmma else ""
+    command += (" --skip " + " ".join(args.skip) if args.skip else "") + (" --wgmma" if args.wgmma else "")
     result = {"machine": describe(), "command": command, "default_tiles": fragment_gemm.GEMM_TILES}
+    result["grouped_default_tiles"] = fragment_gemm.GROUPED_GEMM_TILES
     result["sources"] = [describe_source(path) for path in dict.fromkeys(path for _, path, _ in variants)]
     result["min_gemm_ctas"] = fragment_gemm.MIN_GEMM_CTAS
     try:

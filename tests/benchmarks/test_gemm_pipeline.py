@@ -45,6 +45,9 @@ def test_bad_input_is_refused_with_the_option_it_came_by(monkeypatch, capsys, tm
         ("--also", str(source), str(twin)): "same file name",
         ("--against", str(tmp_path / "missing.cu")): "no such file",
         ("--skip", "dense", "grouped"): "nothing to time",
+        ("--skip", "dense", "--skip", "grouped"): "nothing to time",
+        ("--tiles", "2,4,8", "--tiles", "2,4,8"): "a tile given twice",
+        ("--skip",): "expected at least one argument",
         ("--out", str(tmp_path)): "a directory",
         ("--out", str(tmp_path / "nowhere" / "r.json")): "its folder does not exist",
     }
