@@ -32,15 +32,21 @@ def loop_opcodes(gemm: fragment_gemm.GemmTile) -> collections.Counter:
     return _loop(compile_cubin(source, fragment_gemm.NVRTC_OPTIONS, 90)[0], "nvfp4_fragment_gemm")
 
 
-def wgmma_loop_opcodes() -> collections.Counter:
-    """Opcode counts of the warpgroup-MMA gemm's main loop (sm_90a, default stages, bf16 output)."""
+def wgmma_loop_opcodes(whole_steps: bool = False) -> collections.Counter:
+    """Opcode counts of the warpgroup-MMA gemm's main loop (sm_90a, default stages, bf16 output); ``whole_steps``:
+    the path of a step whose copies lie inside K (every step but a ragged last one), without the general copies."""
     source = fragment_gemm.wgmma_source(fragment_gemm.WGMMA_STAGES, True, True)
-    return _loop(compile_cubin(source, fragment_gemm.NVRTC_OPTIONS, "90a")[0], "nvfp4_fragment_wgmma")
+    return _loop(compile_cubin(source, fragment_gemm.NVRTC_OPTIONS, "90a")[0], "nvfp4_fragment_wgmma", whole_steps)
 
 
-def _loop(cubin: bytes, kernel: str) -> collections.Counter:
+def _loop(cubin: bytes, kernel: str, whole_steps: bool = False) -> collections.Counter:
     """Opcode counts of ``kernel``'s main loop in ``cubin``: from the label before its ``DEPBAR`` (the wait for the
-    step's copies) to the branch back to it."""
+    step's copies) to the branch back to it. ``whole_steps``: less the general copies, which the first branch after
+    the loop's barrier jumps to and which end at the label that the whole-step copies jump to over them.
+
+    Raises:
+        ValueError: ``whole_steps`` and the loop does not have that shape.
+    """
     with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
         file.write(cubin)
         file.flush()
@@ -52,9 +58,35 @@ def _loop(cubin: bytes, kernel: str) -> collections.Counter:
     head = max(i for i in range(wait) if re.match(r"\s*\.L_x_\d+:", lines[i]))
     label = lines[head].strip().rstrip(":")
     tail = max(i for i, line in enumerate(lines) if f"`({label})" in line)
-    body = [line for line in lines[head : tail + 1] if _ADDRESS.search(line)]
+    loop = lines[head : tail + 1]
+    if whole_steps:
+        loop = without_general_copies(loop)
+    body = [line for line in loop if _ADDRESS.search(line)]
     ops = [re.sub(r"^\s*/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?", "", line).split()[0] for line in body]
     return collections.Counter(op.split(".")[0] for op in ops)
+
+
+def _label_target(line: str) -> str | None:
+    found = re.search(r"`\((\.L_x_\d+)\)", line)
+    return found.group(1) if found else None
+
+
+def without_general_copies(loop: list[str]) -> list[str]:
+    """``loop`` (SASS lines) less the span from the first branch target after its ``BAR.SYNC`` to the target of
+    the unconditional branch just before that span."""
+    labels = {line.strip().rstrip(":"): i for i, line in enumerate(loop) if re.match(r"\s*\.L_x_\d+:", line)}
+    try:
+        barrier = next(i for i, line in enumerate(loop) if "BAR.SYNC" in line)
+        general = labels[next(_label_target(line) for line in loop[barrier:] if " BRA " in line)]
+        jump = next(line for line in reversed(loop[:general]) if _ADDRESS.search(line))
+        if not re.search(r"\*/\s+BRA ", jump):  # unconditional: no predicate before the opcode
+            raise ValueError(f"the line before the general copies is not an unconditional branch: {jump.strip()}")
+        after = labels[_label_target(jump)]
+    except (StopIteration, KeyError):
+        raise ValueError("the loop has no branch over general copies after its barrier") from None
+    if after <= general:
+        raise ValueError("the whole-step copies branch backwards")
+    return loop[:general] + loop[after:]
 
 
 def main() -> None:
@@ -75,11 +107,12 @@ def main() -> None:
             f"{total / mma:.2f} per HMMA; most frequent: {counts.most_common(8)}"
         )
     if args.wgmma:
-        counts = wgmma_loop_opcodes()
+        counts, whole = wgmma_loop_opcodes(), wgmma_loop_opcodes(whole_steps=True)
         total, fadd = sum(counts.values()), counts["FADD"]
         print(
-            f"wgmma gemm: {total} instructions a step, {counts['HGMMA']} HGMMA, {fadd} FADD ({fadd / total:.0%}); "
-            f"most frequent: {counts.most_common(8)}"
+            f"wgmma gemm: {total} instructions a step ({sum(whole.values())} on a step inside K), "
+            f"{counts['HGMMA']} HGMMA, {fadd} FADD ({fadd / sum(whole.values()):.0%} of a step inside K); "
+            f"most frequent on a step inside K: {whole.most_common(8)}"
         )
 
 

@@ -572,8 +572,7 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, (GEMM_GROUPS == 1 ? 16 
 // wgmma.m64n128k16 per block, its A the four warps' decoded weights from registers (the fragment layout is
 // mma.m16n8k16's A layout, which wgmma takes per warp), its B the block's activations in shared memory, with a zero
 // accumulator (scale-d false), and adds the 64 x 128 block products to its running chunk sums in block order, as
-// gemm does; each block's A is decoded while the block before it is in the tensor cores, and the two
-// warpgroups hide each other's waits. The activations must arrive with each block's elements
+// gemm does; the two warpgroups hide each other's waits. The activations must arrive with each block's elements
 // in the fragment layout's K order (FRAGMENT_K_ORDER of fragment_gemm.py: 0, 1, 4, 5, ..., 2, 3, 6, 7, ...),
 // so that the mma's logical positions pair the same elements of both operands. A stage: the step's activations
 // as [block (8)][half (2)][row (128)][8 elements], core matrices of 8 rows x 16 bytes (no swizzle), then each
@@ -592,8 +591,11 @@ __device__ __forceinline__ unsigned long long wg_descriptor(const void* smem) {
     return (unsigned long long)((address >> 4) & 0x3FFF) | (leading << 16) | (stride << 32);
 }
 
-// d = A x B for one block (scale-d false: d's earlier values are not read), issued; wgmma_wait finishes it.
-__device__ __forceinline__ void wgmma_issue(float d[64], const u32 a[4], unsigned long long desc) {
+// d = A x B for one block (scale-d false: d's earlier values are not read), issued and waited for; the fences keep
+// the compiler from touching d or a before the wgmma has finished with them. (Decoding the next block's A
+// between the issue and the wait buys nothing: ptxas gives both A operands the same registers and moves the
+// wait up to before the decode.)
+__device__ __forceinline__ void wgmma_block(float d[64], u32 a[4], unsigned long long desc) {
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
     asm volatile(
         "{\n .reg .pred p;\n setp.ne.b32 p, 0, 0;\n"
@@ -613,11 +615,6 @@ __device__ __forceinline__ void wgmma_issue(float d[64], const u32 a[4], unsigne
           "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-
-// Waits for the wgmma in flight; the empty asm statements keep the compiler from reading d, or reusing a's
-// registers, before it has finished with them.
-__device__ __forceinline__ void wgmma_wait(float d[64], u32 a[4]) {
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
     for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
@@ -655,7 +652,8 @@ extern "C" __global__ void __launch_bounds__(32 * WG_WARPS, 1) nvfp4_fragment_wg
 #pragma unroll
         for (int block = 0; block < 8; ++block) {
             const bool ok = xok && (whole || step * STEP + block * 16 + xhalf * 8 < k);
-            copy_async16(stage + ((block * 2 + xhalf) * WG_TOKENS + xrow) * 16, whole || ok ? xstep + block * 16 : xsrc, ok);
+            const u32 dst = stage + ((block * 2 + xhalf) * WG_TOKENS + xrow) * 16;
+            copy_async16(dst, whole || ok ? xstep + block * 16 : xsrc, ok);
         }
         const u32 wstage = stage + WG_X_BYTES + warp * WG_W_BYTES;
         const Words* wstep = wbase + (i64)step * 64;
@@ -666,7 +664,8 @@ extern "C" __global__ void __launch_bounds__(32 * WG_WARPS, 1) nvfp4_fragment_wg
         }
         if (scale_lane) {
             const bool ok = gok && (whole || 2 * step + sq_i < quads);
-            copy_async8(wstage + 1024 + lane * 8, whole || ok ? sbase + lane % 8 + (i64)(2 * step + sq_i) * 8 : sbase, ok);
+            const Pair* src = sbase + lane % 8 + (i64)(2 * step + sq_i) * 8;
+            copy_async8(wstage + 1024 + lane * 8, whole || ok ? src : sbase, ok);
         }
     };
     const u32 ring_shared = (u32)__cvta_generic_to_shared(ring);
@@ -677,11 +676,6 @@ extern "C" __global__ void __launch_bounds__(32 * WG_WARPS, 1) nvfp4_fragment_wg
         else if (step < steps)
             copies(step, stage, false);
         copy_commit();
-    };
-    // Block b of a step: its two quads' weight words and scales, decoded and scaled into wgmma's A operand.
-    auto operand = [&](const Words wq[2], const Pair sq[2], int b, u32 a[4]) {
-        decode(wq[b / 4].w[b % 4], a);
-        scale_operands(a, sq[b / 4], b % 4);
     };
 
     float d[64], acc[64], total[64];
@@ -699,21 +693,21 @@ extern "C" __global__ void __launch_bounds__(32 * WG_WARPS, 1) nvfp4_fragment_wg
         issue(step + WG_STAGES - 1);
         const int slot = step % WG_STAGES;
         const unsigned char* wstage = ring + slot * WG_STAGE_BYTES + WG_X_BYTES + warp * WG_W_BYTES;
-        const Words wq[2] = {((const Words*)wstage)[lane], ((const Words*)wstage)[32 + lane]};
-        const Pair sq[2] = {((const Pair*)(wstage + 1024))[grp], ((const Pair*)(wstage + 1024))[8 + grp]};
         // The descriptor's address field is the shared address >> 4, so stepping it is adding offsets >> 4.
         const unsigned long long descriptor = ring_descriptor + slot * stage_step;
-        // Each block's operand is decoded while the previous block's wgmma runs (A is read from registers
-        // until the wgmma has finished, so two are kept).
-        u32 a[2][4];
-        operand(wq, sq, 0, a[0]);
 #pragma unroll
-        for (int b = 0; b < 8; ++b) {
-            wgmma_issue(d, a[b % 2], descriptor + b * block_step);
-            if (b < 7) operand(wq, sq, b + 1, a[(b + 1) % 2]);
-            wgmma_wait(d, a[b % 2]);
+        for (int qi = 0; qi < 2; ++qi) {
+            const Words wq = ((const Words*)wstage)[qi * 32 + lane];
+            const Pair sq = ((const Pair*)(wstage + 1024))[qi * 8 + grp];
 #pragma unroll
-            for (int i = 0; i < 64; ++i) acc[i] = add_rn(acc[i], d[i]);
+            for (int j = 0; j < 4; ++j) {
+                u32 a[4];
+                decode(wq.w[j], a);
+                scale_operands(a, sq, j);
+                wgmma_block(d, a, descriptor + (qi * 4 + j) * block_step);
+#pragma unroll
+                for (int i = 0; i < 64; ++i) acc[i] = add_rn(acc[i], d[i]);
+            }
         }
         if ((2 * step + 2) % CHUNK_QUADS == 0 || step == steps - 1) {
 #pragma unroll

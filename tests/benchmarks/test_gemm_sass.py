@@ -6,7 +6,7 @@ import pytest
 pytest.importorskip("nvidia.cuda_nvrtc", reason="the nvidia-cuda-nvrtc-cu12 dev dependency is not installed")
 pytest.importorskip("triton", reason="the triton package (its nvdisasm) is not installed")
 
-from benchmarks.gemm_sass import loop_opcodes, wgmma_loop_opcodes
+from benchmarks.gemm_sass import loop_opcodes, wgmma_loop_opcodes, without_general_copies
 
 
 @pytest.mark.parametrize("groups,warps", [(1, 8), (2, 8), (1, 4)])
@@ -24,3 +24,20 @@ def test_the_wgmma_loop_holds_a_warpgroup_mma_and_the_adds_of_each_block():
     assert counts["HGMMA"] == blocks
     assert counts["FADD"] >= blocks * outputs_per_thread
     assert counts["HMMA"] == 0 and counts["BAR"] == 1
+
+
+def test_a_step_inside_k_takes_the_whole_step_copies_only():
+    """The whole-step path: the step's 8 activation copies, 2 weight copies and the scales' copy, no more (the
+    general copies, which the last step of a ragged K takes, are left out) and the same products and adds."""
+    every, whole = wgmma_loop_opcodes(), wgmma_loop_opcodes(whole_steps=True)
+    assert whole["LDGSTS"] == 8 + 2 + 1 and every["LDGSTS"] == 2 * whole["LDGSTS"]
+    assert whole["HGMMA"] == every["HGMMA"] and whole["FADD"] == every["FADD"]
+
+
+def test_a_loop_without_a_branch_over_general_copies_is_refused():
+    loop = [
+        "        /*0000*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;",
+        "        /*0010*/                   FADD R1, R1, R2 ;",
+    ]
+    with pytest.raises(ValueError, match="no branch over general copies"):
+        without_general_copies(loop)
