@@ -128,6 +128,9 @@ def _grouped_row(variants, qw, wt, r: int) -> dict:
         return gpu_gemm.fragment_grouped_matmul(qx, qw, experts, None, torch.bfloat16, gemv=False, tile=t)
 
     row = {"shape": [EXPERTS, n, k], "rows_per_expert": r}
+    grid_rows = -(-experts.numel() // fragment_gemm.GEMM_ROWS) + EXPERTS  # the launch's bound (expert_tiles)
+    shared = fragment_gemm.shared_limit(qx.device)
+    row["default_tile"] = list(fragment_gemm.gemm_tile(grid_rows, n // 16, shared, grouped=True))
     row["bf16_us"] = graph_time(lambda i: torch._grouped_mm(x, wt, offs=offs), 1)["graph_s"] * 1e6
     if r <= GEMV_ROWS and fragment_gemm.gemv_fits(r, k, qx.device):
         gemv = graph_time(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import re
 import subprocess
 import tempfile
@@ -32,11 +33,16 @@ def loop_opcodes(gemm: fragment_gemm.GemmTile) -> collections.Counter:
     return _loop(compile_cubin(source, fragment_gemm.NVRTC_OPTIONS, 90)[0], "nvfp4_fragment_gemm")
 
 
-def wgmma_loop_opcodes(whole_steps: bool = False) -> collections.Counter:
-    """Opcode counts of the warpgroup-MMA gemm's main loop (sm_90a, default stages, bf16 output); ``whole_steps``:
-    the path of a step whose copies lie inside K (every step but a ragged last one), without the general copies."""
+@functools.cache
+def _wgmma_cubin() -> bytes:
     source = fragment_gemm.wgmma_source(fragment_gemm.WGMMA_STAGES, True, True)
-    return _loop(compile_cubin(source, fragment_gemm.NVRTC_OPTIONS, "90a")[0], "nvfp4_fragment_wgmma", whole_steps)
+    return compile_cubin(source, fragment_gemm.NVRTC_OPTIONS, "90a")[0]
+
+
+def wgmma_loop_opcodes(whole_steps: bool = False) -> collections.Counter:
+    """Opcode counts of the warpgroup-MMA gemm's main loop (sm_90a, default stages, bf16 output): both copy paths,
+    or with ``whole_steps`` the path of a step that lies inside K (every step but a last one ending past K)."""
+    return _loop(_wgmma_cubin(), "nvfp4_fragment_wgmma", whole_steps)
 
 
 def _loop(cubin: bytes, kernel: str, whole_steps: bool = False) -> collections.Counter:
@@ -73,11 +79,17 @@ def _label_target(line: str) -> str | None:
 
 def without_general_copies(loop: list[str]) -> list[str]:
     """``loop`` (SASS lines) less the span from the first branch target after its ``BAR.SYNC`` to the target of
-    the unconditional branch just before that span."""
+    the unconditional branch just before that span: the general copies, which must be the longer of the two paths
+    (their bounds checks), else the paths were laid out the other way round.
+
+    Raises:
+        ValueError: the loop has no such branch, or the span left out is not the longer path.
+    """
     labels = {line.strip().rstrip(":"): i for i, line in enumerate(loop) if re.match(r"\s*\.L_x_\d+:", line)}
     try:
-        barrier = next(i for i, line in enumerate(loop) if "BAR.SYNC" in line)
-        general = labels[next(_label_target(line) for line in loop[barrier:] if " BRA " in line)]
+        barrier = next(i for i, line in enumerate(loop) if re.search(r"\bBAR\.SYNC\b", line))
+        branch = next(i for i in range(barrier, len(loop)) if " BRA " in loop[i])
+        general = labels[_label_target(loop[branch])]
         jump = next(line for line in reversed(loop[:general]) if _ADDRESS.search(line))
         if not re.search(r"\*/\s+BRA ", jump):  # unconditional: no predicate before the opcode
             raise ValueError(f"the line before the general copies is not an unconditional branch: {jump.strip()}")
@@ -86,6 +98,11 @@ def without_general_copies(loop: list[str]) -> list[str]:
         raise ValueError("the loop has no branch over general copies after its barrier") from None
     if after <= general:
         raise ValueError("the whole-step copies branch backwards")
+    kept, left_out = (
+        sum(1 for line in span if _ADDRESS.search(line)) for span in (loop[branch:general], loop[general:after])
+    )
+    if left_out <= kept:
+        raise ValueError(f"the span left out ({left_out} instructions) is not the longer copy path ({kept})")
     return loop[:general] + loop[after:]
 
 
@@ -110,7 +127,8 @@ def main() -> None:
         counts, whole = wgmma_loop_opcodes(), wgmma_loop_opcodes(whole_steps=True)
         total, fadd = sum(counts.values()), counts["FADD"]
         print(
-            f"wgmma gemm: {total} instructions a step ({sum(whole.values())} on a step inside K), "
+            f"wgmma gemm: {total} instructions in the loop with both copy paths, {sum(whole.values())} on a step "
+            f"inside K, "
             f"{counts['HGMMA']} HGMMA, {fadd} FADD ({fadd / sum(whole.values()):.0%} of a step inside K); "
             f"most frequent on a step inside K: {whole.most_common(8)}"
         )

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,7 @@ import torch
 from benchmarks.machine import describe, out_problem, write_record
 
 SOURCE = Path(__file__).with_name("wgmma_probe.cu")
+REPOSITORY = Path(__file__).resolve().parents[1]
 N = 16  # the probe's wgmma N
 # (rows, weight rows, K): a whole 128-row tile; rows, column groups and K off the tiles, K ending inside a step;
 # chunks of K ending inside a step.
@@ -109,19 +111,32 @@ def gemm_rows(leading_is_k: bool) -> list[dict]:
     return rows
 
 
+def _child_error(stderr: str, returncode: int) -> str:
+    """The exception line of a failed child's ``stderr`` (PyTorch follows a CUDA error with lines of advice, so the
+    last line is not it), with its exit status."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    raised = [line for line in lines if re.match(r"[\w.]*(Error|Exception|Interrupt)\b", line)]
+    return f"{(raised or lines or ['no message'])[-1]} (exit status {returncode})"
+
+
 def gemm_reading(leading_is_k: bool) -> dict:
-    """:func:`gemm_rows` in a child process (a fault there is reported, not raised)."""
+    """:func:`gemm_rows` in a child process (a fault there is reported, not raised), run from the repository root."""
     child = (
         f"import json; from benchmarks.wgmma_probe_gpu import gemm_rows; print(json.dumps(gemm_rows({leading_is_k})))"
     )
     row = {"leading_offset": "K" if leading_is_k else "N"}
     try:
-        run = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=GEMM_TIMEOUT_S)
+        run = subprocess.run(
+            [sys.executable, "-c", child], capture_output=True, text=True, timeout=GEMM_TIMEOUT_S, cwd=REPOSITORY
+        )
     except subprocess.TimeoutExpired:
-        return row | {"error": f"no answer within {GEMM_TIMEOUT_S} s (a hang: a wait that never completes)"}
+        return row | {"error": f"no answer within {GEMM_TIMEOUT_S} s"}
     if run.returncode:
-        return row | {"error": (run.stderr.strip().splitlines() or [f"exit status {run.returncode}"])[-1]}
-    shapes = json.loads(run.stdout.strip().splitlines()[-1])
+        return row | {"error": _child_error(run.stderr, run.returncode)}
+    try:
+        shapes = json.loads(run.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return row | {"error": f"the child printed no result: {run.stdout.strip()[-200:]!r}"}
     return row | {"same_bits": all(s["wrong_outputs"] == 0 for s in shapes), "shapes": shapes}
 
 
@@ -133,6 +148,9 @@ def main() -> None:
         parser.error(f"--out {args.out}: {problem}")
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         raise SystemExit("benchmarks/wgmma_probe_gpu.py needs a Hopper GPU (compute capability 9.0)")
+    # the gemm first, in children, before this process makes a context of its own (a GPU in exclusive-process mode
+    # takes one at a time)
+    gemms = [gemm_reading(leading_is_k) for leading_is_k in (True, False)]
     kernel = torch.cuda._compile_kernel(source(), "wgmma_probe", compute_capability="90a")
     generator = torch.Generator().manual_seed(0)
     a = torch.randint(-4, 5, (64, 16), generator=generator).to(torch.float16)
@@ -143,7 +161,6 @@ def main() -> None:
             f"leading byte offset along {row['leading_offset']}: "
             f"{'same bits as A @ B.T' if row['same_bits'] else str(row['wrong_outputs']) + ' outputs wrong'}"
         )
-    gemms = [gemm_reading(leading_is_k) for leading_is_k in (True, False)]
     for row in gemms:
         verdict = row.get("error") or (
             "same bits as gemm on every shape" if row["same_bits"]

@@ -583,6 +583,8 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, (GEMM_GROUPS == 1 ? 16 
 #define WG_X_BYTES (8 * 2 * WG_TOKENS * 16)  // a step's activations: 8 blocks x 2 halves x 128 rows x 16 bytes
 #define WG_W_BYTES 1152                      // a warp's weight words (2 quads x 512) and scales (2 x 64) per step
 #define WG_STAGE_BYTES (WG_X_BYTES + WG_WARPS * WG_W_BYTES)
+static_assert(WG_STAGES * WG_STAGE_BYTES <= 232448 && WG_STAGE_BYTES % 16 == 0,
+              "the ring fits a CTA's shared memory, so every stage's address >> 4 fits the descriptor's 14 bits");
 
 __device__ __forceinline__ unsigned long long wg_descriptor(const void* smem) {
     const u32 address = (u32)__cvta_generic_to_shared(smem);
@@ -645,8 +647,9 @@ extern "C" __global__ void __launch_bounds__(32 * WG_WARPS, 1) nvfp4_fragment_wg
     const int sq_i = (lane / 8) % 2;
 
     const int steps = (quads + 1) / 2;
-    // A step's copies; ``whole``: the step lies inside K, so only rows past M (and column groups past N) are
-    // out of bounds and every source address is a base plus a constant (the last step takes the general path).
+    // A step's copies; `whole`: the step lies inside K, so only rows past M (and column groups past N) are out of
+    // bounds and every source address is a base plus a constant (a last step that ends past K takes the general
+    // path).
     auto copies = [&](int step, u32 stage, bool whole) {
         const u16* xstep = xsrc + (i64)step * STEP + xhalf * 8;
 #pragma unroll
@@ -693,7 +696,8 @@ extern "C" __global__ void __launch_bounds__(32 * WG_WARPS, 1) nvfp4_fragment_wg
         issue(step + WG_STAGES - 1);
         const int slot = step % WG_STAGES;
         const unsigned char* wstage = ring + slot * WG_STAGE_BYTES + WG_X_BYTES + warp * WG_W_BYTES;
-        // The descriptor's address field is the shared address >> 4, so stepping it is adding offsets >> 4.
+        // The descriptor's address field is the shared address >> 4, so stepping it is adding offsets >> 4 (no
+        // carry leaves the 14-bit field: the ring ends below 256 KB, the static_assert below).
         const unsigned long long descriptor = ring_descriptor + slot * stage_step;
 #pragma unroll
         for (int qi = 0; qi < 2; ++qi) {

@@ -76,10 +76,11 @@ GemmTile = tuple[int, int, int]  # gemm: (column groups per warp, steps of K in 
 # (2, 4, 4) 39.9 against 37.3.
 GEMM_TILES: tuple[GemmTile, ...] = ((2, 4, 8), (2, 4, 4), (1, 2, 8), (1, 2, 4))
 # Grouped products (rows sorted by expert, a CTA a tile of one expert's rows) take four-warp CTAs first. Of the
-# tiles above, in the 10 grouped rows of h100_gemm_tiles.json (128 experts, 1536 x 2048 and 2048 x 768, 8 to 256
-# rows an expert), (2, 4, 4) was the fastest in 8, level with (1, 2, 8) in a ninth (146.91 against 146.89 us), and
-# 1.7% behind (2, 4, 8) in the tenth (1536 x 2048 at 64 rows an expert); elsewhere 1.4-4.4% ahead of (2, 4, 8),
-# which grouped products took before.
+# tiles above, in the 6 grouped rows of h100_gemm_tiles.json that gemm serves (more than gemm.py's
+# GROUPED_CROSSOVER_ROWS = 16 rows an expert: 32, 64 and 256, 128 experts of 1536 x 2048 and 2048 x 768), (2, 4, 4)
+# was the fastest in 4, level with (1, 2, 8) in a fifth (146.91 against 146.89 us) and 1.7% behind (2, 4, 8) in
+# the sixth (1536 x 2048 at 64 rows an expert); in the five, 1.8-4.4% ahead of (2, 4, 8), which grouped products
+# took before.
 GROUPED_GEMM_TILES: tuple[GemmTile, ...] = ((2, 4, 4), (2, 4, 8), (1, 2, 8), (1, 2, 4))
 MIN_GEMM_CTAS = 128
 MAX_SHARED_BYTES = 232448  # the most shared memory a CTA can opt in to on any GPU so far (Hopper, Blackwell: 227 KB)

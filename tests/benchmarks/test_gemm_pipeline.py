@@ -13,6 +13,7 @@ pytest.importorskip("triton", reason="the triton package is not installed")
 
 from benchmarks import gemm_pipeline_gpu
 from nibble.kernels.gpu import fragment_gemm
+from nibble.kernels.gpu import gemm as gpu_gemm
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 HOPPER_SHARED = 232448
@@ -56,14 +57,17 @@ def test_bad_input_is_refused_with_the_option_it_came_by(monkeypatch, capsys, tm
 
 
 def test_grouped_products_take_a_tile_within_two_percent_of_the_fastest_the_h100_measured():
-    """Every grouped row of the tile record (128 experts, 8-256 rows an expert) against the tiles gemm may take: the
-    grouped default is never more than 2% behind the fastest of them (the dense order's first tile, (2, 4, 8), was
-    4.4% behind on 128 x 2048 x 768 at 256 rows an expert)."""
+    """Every grouped row of the tile record that gemm serves (128 experts, more than GROUPED_CROSSOVER_ROWS rows an
+    expert) against the tiles gemm may take, on the launch's grid: the grouped default is never more than 2%
+    behind the fastest of them (the dense order's first tile, (2, 4, 8), was 2.6% behind on 128 x 1536 x 2048 at
+    32 rows an expert and 4.4% on 128 x 2048 x 768 at 256)."""
     record = json.loads((RESULTS / "h100_gemm_tiles.json").read_text())
-    assert "H100" in record["machine"]["gpu"] and len(record["grouped"]) == 10
-    for row in record["grouped"]:
+    assert "H100" in record["machine"]["gpu"]
+    served = [row for row in record["grouped"] if row["rows_per_expert"] > gpu_gemm.GROUPED_CROSSOVER_ROWS]
+    assert len(served) == 6
+    for row in served:
         experts, n, _ = row["shape"]
-        grid_rows = experts * -(-row["rows_per_expert"] // fragment_gemm.GEMM_ROWS)  # a tile an expert at least
+        grid_rows = -(-experts * row["rows_per_expert"] // fragment_gemm.GEMM_ROWS) + experts  # expert_tiles' bound
         taken = fragment_gemm.gemm_tile(grid_rows, n // 16, HOPPER_SHARED, grouped=True)
         timed = {tile: row["gemm"][f"gemm {tile}"]["us"] for tile in fragment_gemm.GEMM_TILES}
         assert timed[taken] <= 1.02 * min(timed.values()), (row["shape"], row["rows_per_expert"], taken, timed)

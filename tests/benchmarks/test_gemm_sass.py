@@ -41,3 +41,25 @@ def test_a_loop_without_a_branch_over_general_copies_is_refused():
     ]
     with pytest.raises(ValueError, match="no branch over general copies"):
         without_general_copies(loop)
+
+
+def test_a_shorter_span_is_not_taken_for_the_general_copies():
+    """Paths laid out the other way round (the span the branch jumps to is the shorter) are refused, not counted."""
+
+    def line(address: int, text: str) -> str:
+        return f"        /*{address:04x}*/                   {text} ;"
+
+    loop = [
+        line(0, "BAR.SYNC.DEFER_BLOCKING 0x0"),
+        line(16, "@P0 BRA `(.L_x_1)"),
+        *(line(32 + 16 * i, "LDGSTS.E.BYPASS.128 [R1], desc[UR4][R2.64], !P1") for i in range(3)),
+        line(96, "BRA `(.L_x_2)"),
+        ".L_x_1:",
+        line(112, "LDGSTS.E.BYPASS.128 [R1], desc[UR4][R2.64], !P1"),
+        ".L_x_2:",
+        line(128, "FADD R1, R1, R2"),
+    ]
+    with pytest.raises(ValueError, match="not the longer copy path"):
+        without_general_copies(loop)
+    loop[7:8] = [line(112 + 16 * i, "LDGSTS.E.BYPASS.128 [R1], desc[UR4][R2.64], P2") for i in range(6)]
+    assert len(without_general_copies(loop)) == len(loop) - 7

@@ -2,6 +2,8 @@
 through the PTX ISA's register layouts (written out here independently), multiplies to ``A @ B.T`` — so a wrong
 answer on the GPU would be the hardware's layout, not the probe's packing."""
 
+import json
+import subprocess
 import sys
 
 import pytest
@@ -60,8 +62,38 @@ def test_a_bad_out_is_refused_before_the_gpu_is_looked_for(monkeypatch, capsys, 
     assert exit_info.value.code == 2 and "a directory" in capsys.readouterr().err
 
 
-def test_a_fault_in_the_gemm_under_one_reading_is_reported_not_raised():
-    """Off the GPU the child process fails (no CUDA): the reading comes back with the child's last error line."""
-    row = probe.gemm_reading(leading_is_k=False)
-    assert row["leading_offset"] == "N" and "same_bits" not in row
-    assert "CUDA" in row["error"] or "cuda" in row["error"]
+def _child(monkeypatch, returncode: int, stdout: str = "", stderr: str = "") -> dict:
+    """gemm_reading with the child process's answer given (no GPU is touched, on any machine)."""
+
+    def run(argv, **kwargs):
+        assert kwargs["cwd"] == probe.REPOSITORY and "gemm_rows(False)" in argv[-1]
+        return subprocess.CompletedProcess(argv, returncode, stdout, stderr)
+
+    monkeypatch.setattr(probe.subprocess, "run", run)
+    return probe.gemm_reading(leading_is_k=False)
+
+
+def test_a_fault_in_the_gemm_under_one_reading_is_reported_by_its_exception_line(monkeypatch):
+    stderr = (
+        'Traceback (most recent call last):\n  File "<string>", line 1, in <module>\n'
+        "torch.AcceleratorError: CUDA error: an illegal memory access was encountered\n"
+        "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might "
+        "be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
+        "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n"
+    )
+    row = _child(monkeypatch, 1, stderr=stderr)
+    assert row == {
+        "leading_offset": "N",
+        "error": "torch.AcceleratorError: CUDA error: an illegal memory access was encountered (exit status 1)",
+    }
+
+
+def test_a_child_that_prints_no_result_is_reported(monkeypatch):
+    assert "printed no result" in _child(monkeypatch, 0, stdout="")["error"]
+    assert "printed no result" in _child(monkeypatch, 0, stdout="warming up\n")["error"]
+
+
+def test_the_child_s_rows_become_the_reading(monkeypatch):
+    shapes = [{"shape": [128, 128, 1024], "wrong_outputs": 0}, {"shape": [300, 272, 2064], "wrong_outputs": 3}]
+    row = _child(monkeypatch, 0, stdout="noise\n" + json.dumps(shapes) + "\n")
+    assert row == {"leading_offset": "N", "same_bits": False, "shapes": shapes}
