@@ -28,6 +28,7 @@ from statistics import fmean
 from tempfile import TemporaryDirectory
 
 from benchmarks.machine import describe, write_record
+from benchmarks.options import AddUp
 from nibble.analysis.run_report import read_lines, summarize
 from nibble.config import RunConfig, load
 from nibble.launcher import launch
@@ -89,9 +90,9 @@ def main() -> None:
         help="warm start on the task (trained there first when missing)",
     )
     parser.add_argument("--steps", type=int, default=60, help="trainer steps per run")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of the 2-sampler runs")
+    parser.add_argument("--seeds", type=int, action=AddUp, default=[0, 1, 2], help="seeds of the 2-sampler runs")
     parser.add_argument(
-        "--samplers", type=int, nargs="+", default=[1, 2, 4], help="sampler counts (others than 2: first seed)"
+        "--samplers", type=int, action=AddUp, default=[1, 2, 4], help="sampler counts (others than 2: first seed)"
     )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "async_speedup.json")
     args = parser.parse_args()

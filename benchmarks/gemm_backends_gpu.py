@@ -20,6 +20,7 @@ import torch
 
 from benchmarks.kernels_gpu import copies_for, graph_time
 from benchmarks.machine import describe, out_problem, write_record
+from benchmarks.options import AddUp
 from nibble.kernels import gemm, nvfp4
 from nibble.kernels.gpu import fragment_gemm, grouped
 from nibble.kernels.gpu import gemm as gpu_gemm
@@ -225,14 +226,14 @@ def crossover(rows: list[dict], key: str) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/gemm_backends.json"), help="results JSON")
-    parser.add_argument("--skip", nargs="+", default=[], choices=["dense", "grouped"])
+    parser.add_argument("--skip", action=AddUp, default=[], choices=["dense", "grouped"])
     parser.add_argument("--sweep", action="store_true", help="time the fragment kernel's launch parameters instead")
     for name, default in SWEEP.items():
         option = "--" + name.replace("_", "-")
         kind = {"choices": (0, 1), "type": int} if name == "staged" else {"type": positive}
-        parser.add_argument(option, nargs="+", default=default, help=f"{name} values --sweep tries", **kind)
-    parser.add_argument("--shapes", nargs="+", type=shape, default=SWEEP_SHAPES, help="N x K --sweep times")
-    parser.add_argument("--m", nargs="+", type=positive, default=SWEEP_ROWS, help="row counts --sweep times")
+        parser.add_argument(option, action=AddUp, default=default, help=f"{name} values --sweep tries", **kind)
+    parser.add_argument("--shapes", action=AddUp, type=shape, default=SWEEP_SHAPES, help="N x K --sweep times")
+    parser.add_argument("--m", action=AddUp, type=positive, default=SWEEP_ROWS, help="row counts --sweep times")
     args = parser.parse_args()
     if {"dense", "grouped"} <= set(args.skip):
         parser.error("--skip: skipping both dense and grouped leaves nothing to time")

@@ -23,6 +23,7 @@ from benchmarks.fragment_kernel_ab_gpu import describe_source, use_source
 from benchmarks.gemm_backends_gpu import EXPERTS, packed_activations, packed_stack, packed_weights
 from benchmarks.kernels_gpu import copies_for, graph_time
 from benchmarks.machine import describe, out_problem, write_record
+from benchmarks.options import AddUp
 from nibble.kernels.gpu import fragment_gemm
 from nibble.kernels.gpu import gemm as gpu_gemm
 
@@ -166,21 +167,18 @@ def _line(label: str, row: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--against", type=Path, help="an earlier fragment_gemm.cu whose gemm to time beside")
-    # A list option given twice adds to itself (extend) rather than the second silently replacing the first.
     parser.add_argument(
-        "--also", type=Path, nargs="+", action="extend",
+        "--also", type=Path, action=AddUp, default=[],
         help="variants of the working tree's fragment_gemm.cu (same macros and launch), timed at every tile",
     )  # fmt: skip
     parser.add_argument(
-        "--tiles", nargs="+", type=tile, action="extend",
+        "--tiles", type=tile, action=AddUp, default=list(fragment_gemm.GEMM_TILES),
         help="gemm tiles GROUPS,STAGES,WARPS to time (default: fragment_gemm.GEMM_TILES)",
     )  # fmt: skip
-    parser.add_argument("--skip", nargs="+", action="extend", choices=["dense", "grouped"])
+    parser.add_argument("--skip", action=AddUp, default=[], choices=["dense", "grouped"])
     parser.add_argument("--wgmma", action="store_true", help="also time the warpgroup-MMA gemm on dense products")
     parser.add_argument("--out", type=Path, default=None, help="results JSON")
     args = parser.parse_args()
-    args.also, args.skip = args.also or [], args.skip or []
-    args.tiles = args.tiles or list(fragment_gemm.GEMM_TILES)
     for option, path in [("--against", args.against)] + [("--also", p) for p in args.also]:
         if path is not None and not path.is_file():
             parser.error(f"{option} {path}: {'not a file' if path.exists() else 'no such file'}")

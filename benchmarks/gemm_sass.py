@@ -20,6 +20,7 @@ from pathlib import Path
 import triton
 
 from benchmarks.gemm_pipeline_gpu import tile
+from benchmarks.options import AddUp
 from nibble.kernels.gpu import fragment_gemm
 from tests.kernels.cuda_build import compile_cubin
 
@@ -109,7 +110,7 @@ def without_general_copies(loop: list[str]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--tiles", nargs="+", type=tile, default=list(fragment_gemm.GEMM_TILES),
+        "--tiles", action=AddUp, type=tile, default=list(fragment_gemm.GEMM_TILES),
         help="gemm tiles GROUPS,STAGES,WARPS to count (default: fragment_gemm.GEMM_TILES)",
     )  # fmt: skip
     parser.add_argument("--wgmma", action="store_true", help="also count the warpgroup-MMA gemm's loop (sm_90a)")

@@ -13,6 +13,7 @@ import argparse
 import torch
 
 from benchmarks.gemm_backends_gpu import packed_activations, packed_weights, positive
+from benchmarks.options import AddUp
 from nibble.kernels.gpu import fragment_gemm
 from nibble.kernels.gpu import gemm as gpu_gemm
 
@@ -21,7 +22,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", nargs=2, type=positive, default=[8192, 7168], metavar=("N", "K"))
     parser.add_argument(
-        "--rows", nargs="+", type=positive, default=[1, 8, 32], help="activation rows M, one launch each"
+        "--rows", action=AddUp, type=positive, default=[1, 8, 32], help="activation rows M, one launch each"
     )
     parser.add_argument("--kernel", choices=["gemv", "gemm"], default="gemv")
     parser.add_argument(

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.machine import describe, write_record
+from benchmarks.options import AddUp
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {
@@ -93,7 +94,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=Path("configs/gpu.yaml"))
     parser.add_argument("--steps", type=int, default=150)
-    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    parser.add_argument("--variants", action=AddUp, choices=list(VARIANTS), default=list(VARIANTS))
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "gpu_main_job", help="run directories")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "h200_gpu_main_job.json")
     args = parser.parse_args()

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.machine import describe, write_record
+from benchmarks.options import AddUp
 from nibble.kernels import gemm, nvfp4
 from nibble.kernels.gpu import fragment_gemm
 from nibble.kernels.gpu import gemm as gpu_gemm
@@ -245,7 +246,7 @@ def _plain(fn) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200.json"))
-    parser.add_argument("--skip", nargs="*", default=[], choices=["quantize", "dense", "moe"])
+    parser.add_argument("--skip", action=AddUp, default=[], choices=["quantize", "dense", "moe"])
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/kernels_gpu.py needs a CUDA GPU (it measures the Triton kernels there)")

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.machine import describe, write_record
+from benchmarks.options import AddUp
 from nibble.config import PlanConfig
 from nibble.kernels.gpu import grouped
 from nibble.model import MoETransformer, qwen3_30b_a3b_shaped
@@ -152,7 +153,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed decodes per mode (the median is kept)")
     parser.add_argument("--bf16-last-fraction", type=float, default=0.0, help="the plan's BF16 tail on the NVFP4 side")
     parser.add_argument(
-        "--modes", nargs="+", default=list(MODES), choices=MODES, help="decode modes timed (graph: the target's)"
+        "--modes", action=AddUp, default=list(MODES), choices=MODES, help="decode modes timed (graph: the target's)"
     )
     parser.add_argument("--profile", type=int, default=0, help="also record kernel times over this many steps")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200_sampler.json"))

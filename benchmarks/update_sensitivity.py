@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.machine import describe, write_record
+from benchmarks.options import AddUp
 from benchmarks.stability.results import check_writable
 from benchmarks.stability.setting import Setting, Source, from_config
 from benchmarks.stability.variants import VARIANTS, plan_for
@@ -148,7 +149,7 @@ def _movement(moved: torch.Tensor) -> dict[str, float]:
 def _arguments(argv: list[str] | None) -> tuple[argparse.Namespace, Source, Setting]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, required=True, help="a run config: its model, task and plan scope")
-    parser.add_argument("--variants", nargs="+", default=["nvfp4_naive", "nvfp4_token", "recipe"],
+    parser.add_argument("--variants", action=AddUp, default=["nvfp4_naive", "nvfp4_token", "recipe"],
                         choices=list(VARIANTS), help="plans measured after bf16, which always runs first")  # fmt: skip
     parser.add_argument("--steps", type=int, default=3, help="AdamW steps (default 3)")
     parser.add_argument("--learning-rate", type=float, default=None, help="default: the config's")
