@@ -27,8 +27,8 @@ from pathlib import Path
 from statistics import fmean
 from tempfile import TemporaryDirectory
 
-from benchmarks.machine import describe, write_record
-from benchmarks.options import AddUp
+from benchmarks.machine import describe, out_problem, write_record
+from benchmarks.options import AddUp, non_negative, positive
 from nibble.analysis.run_report import read_lines, summarize
 from nibble.config import RunConfig, load
 from nibble.launcher import launch
@@ -89,13 +89,25 @@ def main() -> None:
         default=ROOT / "runs" / "warm_start_heavy_tail",
         help="warm start on the task (trained there first when missing)",
     )
-    parser.add_argument("--steps", type=int, default=60, help="trainer steps per run")
-    parser.add_argument("--seeds", type=int, action=AddUp, default=[0, 1, 2], help="seeds of the 2-sampler runs")
+    parser.add_argument("--steps", type=positive, default=60, help="trainer steps per run")
     parser.add_argument(
-        "--samplers", type=int, action=AddUp, default=[1, 2, 4], help="sampler counts (others than 2: first seed)"
+        "--seeds", type=non_negative, action=AddUp, default=[0, 1, 2], help="seeds of the 2-sampler runs"
+    )
+    parser.add_argument(
+        "--samplers",
+        type=positive,
+        action=AddUp,
+        default=[1, 2, 4],
+        help="sampler counts, 2 among them (the async-over-sync figure; the others: first seed only)",
     )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "async_speedup.json")
     args = parser.parse_args()
+    if 2 not in args.samplers:
+        parser.error(
+            f"--samplers {' '.join(map(str, args.samplers))}: 2 must be among them (the async-over-sync figure)"
+        )
+    if problem := out_problem(args.out):
+        parser.error(f"--out {args.out}: {problem}")
     ensure_warm_start(args.checkpoint)
     plan = [(seed, staleness, 2) for seed in args.seeds for staleness in (0, 2) if 2 in args.samplers]
     plan += [(args.seeds[0], staleness, n) for n in args.samplers if n != 2 for staleness in (0, 2)]

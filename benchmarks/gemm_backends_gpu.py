@@ -20,7 +20,7 @@ import torch
 
 from benchmarks.kernels_gpu import copies_for, graph_time
 from benchmarks.machine import describe, out_problem, write_record
-from benchmarks.options import AddUp
+from benchmarks.options import AddUp, positive
 from nibble.kernels import gemm, nvfp4
 from nibble.kernels.gpu import fragment_gemm, grouped
 from nibble.kernels.gpu import gemm as gpu_gemm
@@ -184,17 +184,6 @@ def shape(text: str) -> tuple[int, int]:
     if n < 1 or k < 16 or k % 16:
         raise argparse.ArgumentTypeError(f"{text!r}: N must be positive and K a positive multiple of 16")
     return n, k
-
-
-def positive(text: str) -> int:
-    """A positive integer, for ``--m`` and the sweep's counts."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return value
 
 
 def dense_crossovers(result: dict) -> list[int]:

@@ -186,8 +186,6 @@ def main() -> None:
             parser.error(f"{option} {path}: not a CUDA source (.cu)")
     if len({p.name for p in args.also}) < len(args.also):
         parser.error("--also: two sources of the same file name (their results are keyed by it)")
-    if len(set(args.tiles)) < len(args.tiles):
-        parser.error(f"--tiles: a tile given twice ({' '.join(','.join(map(str, t)) for t in args.tiles)})")
     if {"dense", "grouped"} <= set(args.skip):
         parser.error("--skip: skipping both dense and grouped leaves nothing to time")
     if args.out is not None and (problem := out_problem(args.out)):

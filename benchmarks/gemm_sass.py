@@ -115,8 +115,6 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--wgmma", action="store_true", help="also count the warpgroup-MMA gemm's loop (sm_90a)")
     args = parser.parse_args()
-    if len(set(args.tiles)) < len(args.tiles):
-        parser.error("--tiles: a tile given twice")
     for gemm in args.tiles:
         counts = loop_opcodes(gemm)
         total, mma, fadd = sum(counts.values()), counts["HMMA"], counts["FADD"]
@@ -130,7 +128,7 @@ def main() -> None:
         print(
             f"wgmma gemm: {total} instructions in the loop with both copy paths, {sum(whole.values())} on a step "
             f"inside K, "
-            f"{counts['HGMMA']} HGMMA, {fadd} FADD ({fadd / sum(whole.values()):.0%} of a step inside K); "
+            f"{counts['HGMMA']} HGMMA, {fadd} FADD ({whole['FADD'] / sum(whole.values()):.0%} of a step inside K); "
             f"most frequent on a step inside K: {whole.most_common(8)}"
         )
 

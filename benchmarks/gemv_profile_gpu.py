@@ -12,8 +12,8 @@ import argparse
 
 import torch
 
-from benchmarks.gemm_backends_gpu import packed_activations, packed_weights, positive
-from benchmarks.options import AddUp
+from benchmarks.gemm_backends_gpu import packed_activations, packed_weights
+from benchmarks.options import AddUp, positive
 from nibble.kernels.gpu import fragment_gemm
 from nibble.kernels.gpu import gemm as gpu_gemm
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.machine import describe, write_record
+from benchmarks.machine import describe, out_problem, write_record
 from benchmarks.options import AddUp
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,10 +100,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.steps < 1:
         parser.error(f"--steps {args.steps} must be at least 1")
-    if not torch.cuda.is_available():
-        parser.exit(2, "benchmarks.gpu_main_job needs a CUDA GPU (the GPU configs place every service on GPU 0)\n")
     if not (ROOT / args.config).is_file():
         parser.error(f"--config {args.config}: no such file under {ROOT}")
+    if problem := out_problem(args.out):
+        parser.error(f"--out {args.out}: {problem}")
+    if not torch.cuda.is_available():
+        parser.exit(2, "benchmarks.gpu_main_job needs a CUDA GPU (the GPU configs place every service on GPU 0)\n")
     record = {"machine": describe(), "config": str(args.config), "steps": args.steps, "runs": {}}
     if args.out.is_file():
         earlier = json.loads(args.out.read_text())

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from benchmarks.machine import describe, write_record
+from benchmarks.machine import describe, out_problem, write_record
 from benchmarks.options import AddUp
 from nibble.kernels import gemm, nvfp4
 from nibble.kernels.gpu import fragment_gemm
@@ -248,6 +248,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200.json"))
     parser.add_argument("--skip", action=AddUp, default=[], choices=["quantize", "dense", "moe"])
     args = parser.parse_args()
+    if {"quantize", "dense", "moe"} <= set(args.skip):
+        parser.error("--skip: skipping quantize, dense and moe leaves nothing to time")
+    if problem := out_problem(args.out):
+        parser.error(f"--out {args.out}: {problem}")
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/kernels_gpu.py needs a CUDA GPU (it measures the Triton kernels there)")
     torch.manual_seed(0)

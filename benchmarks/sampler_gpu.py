@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.machine import describe, write_record
-from benchmarks.options import AddUp
+from benchmarks.machine import describe, out_problem, write_record
+from benchmarks.options import AddUp, fraction, non_negative, positive
 from nibble.config import PlanConfig
 from nibble.kernels.gpu import grouped
 from nibble.model import MoETransformer, qwen3_30b_a3b_shaped
@@ -146,18 +146,24 @@ def bench(fmt: str, args: argparse.Namespace) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--layers", type=int, default=4, help="decoder layers of Qwen3-30B-A3B's shape (it has 48)")
-    parser.add_argument("--batch", type=int, default=64, help="rows decoded together")
-    parser.add_argument("--prompt", type=int, default=128, help="prompt tokens per row (random ids)")
-    parser.add_argument("--steps", type=int, default=128, help="decode steps timed per repeat")
-    parser.add_argument("--repeats", type=int, default=3, help="timed decodes per mode (the median is kept)")
-    parser.add_argument("--bf16-last-fraction", type=float, default=0.0, help="the plan's BF16 tail on the NVFP4 side")
+    parser.add_argument(
+        "--layers", type=positive, default=4, help="decoder layers of Qwen3-30B-A3B's shape (it has 48)"
+    )
+    parser.add_argument("--batch", type=positive, default=64, help="rows decoded together")
+    parser.add_argument("--prompt", type=positive, default=128, help="prompt tokens per row (random ids)")
+    parser.add_argument("--steps", type=positive, default=128, help="decode steps timed per repeat")
+    parser.add_argument("--repeats", type=positive, default=3, help="timed decodes per mode (the median is kept)")
+    parser.add_argument(
+        "--bf16-last-fraction", type=fraction, default=0.0, help="the plan's BF16 tail on the NVFP4 side"
+    )
     parser.add_argument(
         "--modes", action=AddUp, default=list(MODES), choices=MODES, help="decode modes timed (graph: the target's)"
     )
-    parser.add_argument("--profile", type=int, default=0, help="also record kernel times over this many steps")
+    parser.add_argument("--profile", type=non_negative, default=0, help="also record kernel times over this many steps")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200_sampler.json"))
     args = parser.parse_args()
+    if problem := out_problem(args.out):
+        parser.error(f"--out {args.out}: {problem}")
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/sampler_gpu.py needs a CUDA GPU (it measures CUDA-graph decode there)")
     config = qwen3_30b_a3b_shaped(num_layers=args.layers)
