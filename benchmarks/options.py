@@ -5,26 +5,24 @@ from __future__ import annotations
 import argparse
 
 
-def positive(text: str) -> int:
-    """An integer of at least 1 (counts: rows, steps, layers, repeats)."""
+def _integer_at_least(text: str, least: int, kind: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+        value = least - 1
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a {kind} integer")
     return value
+
+
+def positive(text: str) -> int:
+    """An integer of at least 1 (counts: rows, steps, layers, repeats)."""
+    return _integer_at_least(text, 1, "positive")
 
 
 def non_negative(text: str) -> int:
     """An integer of at least 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer")
-    return value
+    return _integer_at_least(text, 0, "non-negative")
 
 
 def fraction(text: str) -> float:
