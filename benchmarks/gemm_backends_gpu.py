@@ -49,6 +49,15 @@ def sweep_tiles(values: dict[str, tuple[int, ...]]) -> tuple[fragment_gemm.GemvT
     return tuple(tile for tile in tiles if fragment_gemm.tile_builds(tile))
 
 
+def unbuildable(values: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """Per launch parameter of :data:`SWEEP`, the values among ``values`` that no tile of :func:`sweep_tiles`
+    takes (a sweep would leave them out unsaid); empty where every value is timed."""
+    tiles = sweep_tiles(values)
+    taken = {name: {tile[1 + i] for tile in tiles} for i, name in enumerate(SWEEP)}
+    unused = {name: tuple(v for v in values[name] if v not in taken[name]) for name in SWEEP}
+    return {name: v for name, v in unused.items() if v}
+
+
 def packed_weights(n: int, k: int, copies: int | None = None) -> list[NVFP4Tensor]:
     """``copies`` copies (by default > 256 MB in all) of one quantised weight in the sampler's form (codes, scales
     and fragments)."""
@@ -212,13 +221,17 @@ def crossover(rows: list[dict], key: str) -> int:
     return best
 
 
+def _option(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/gemm_backends.json"), help="results JSON")
     parser.add_argument("--skip", action=AddUp, default=[], choices=["dense", "grouped"])
     parser.add_argument("--sweep", action="store_true", help="time the fragment kernel's launch parameters instead")
     for name, default in SWEEP.items():
-        option = "--" + name.replace("_", "-")
+        option = _option(name)
         kind = {"choices": (0, 1), "type": int} if name == "staged" else {"type": positive}
         parser.add_argument(option, action=AddUp, default=default, help=f"{name} values --sweep tries", **kind)
     parser.add_argument("--shapes", action=AddUp, type=shape, default=SWEEP_SHAPES, help="N x K --sweep times")
@@ -228,18 +241,28 @@ def main() -> None:
         parser.error("--skip: skipping both dense and grouped leaves nothing to time")
     if problem := out_problem(args.out):
         parser.error(f"--out {args.out}: {problem}")
+    if args.sweep and args.skip:
+        parser.error("--skip: --sweep times gemv's launch parameters only, never dense or grouped products")
     values = {name: tuple(getattr(args, name)) for name in SWEEP}
+    sweep_options = [*SWEEP, "shapes", "m"]
+    if not args.sweep and (
+        given := [name for name in sweep_options if getattr(args, name) is not parser.get_default(name)]
+    ):
+        parser.error(f"{', '.join(_option(name) for name in given)}: only --sweep times launch parameters; add --sweep")
     if args.sweep and not sweep_tiles(values):
         parser.error("--sweep: no combination of these launch parameters makes a gemv tile (fragment_gemm.tile_builds)")
+    if args.sweep and (unused := unbuildable(values)):
+        parser.error(
+            "; ".join(f"{_option(name)} {' '.join(map(str, v))}" for name, v in unused.items())
+            + ": no gemv tile takes these values with the others given (fragment_gemm.tile_builds)"
+        )
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/gemm_backends_gpu.py needs a CUDA GPU")
     torch.manual_seed(0)
     command = "python -m benchmarks.gemm_backends_gpu" + (" --skip " + " ".join(args.skip) if args.skip else "")
     if args.sweep:
         options = {**values, "shapes": [f"{n}x{k}" for n, k in args.shapes], "m": args.m}
-        command += " --sweep " + " ".join(
-            f"--{name.replace('_', '-')} " + " ".join(map(str, v)) for name, v in options.items()
-        )
+        command += " --sweep " + " ".join(f"{_option(name)} " + " ".join(map(str, v)) for name, v in options.items())
     result = {"machine": describe(), "command": command}
     if args.sweep:
         result["sweep"] = sweep(values, args.shapes, args.m)

@@ -73,6 +73,10 @@ def test_bad_input_is_refused_before_the_gpu_is_looked_for(monkeypatch, capsys, 
         ("--sweep", "--shapes", "8192x100"): "a positive multiple of 16",
         ("--sweep", "--staged", "5"): "invalid choice",
         ("--sweep", "--warps", "64"): "no combination",
+        ("--sweep", "--warps", "4", "64"): "--warps 64: no gemv tile takes these values",
+        ("--m", "8"): "--m: only --sweep times launch parameters",
+        ("--warps", "4", "--shapes", "4096x4096"): "--warps, --shapes: only --sweep",
+        ("--sweep", "--skip", "dense"): "--sweep times gemv's launch parameters only",
         ("--sweep", "--groups", "-2"): "not a positive integer",
     }
     for argv, expected in cases.items():
