@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.machine import describe, write_record
-from benchmarks.options import AddUp
+from benchmarks.options import AddUp, positive
 from benchmarks.stability.results import check_writable
 from benchmarks.stability.setting import Setting, Source, from_config
 from benchmarks.stability.variants import VARIANTS, plan_for
@@ -151,10 +151,10 @@ def _arguments(argv: list[str] | None) -> tuple[argparse.Namespace, Source, Sett
     parser.add_argument("--config", type=Path, required=True, help="a run config: its model, task and plan scope")
     parser.add_argument("--variants", action=AddUp, default=["nvfp4_naive", "nvfp4_token", "recipe"],
                         choices=list(VARIANTS), help="plans measured after bf16, which always runs first")  # fmt: skip
-    parser.add_argument("--steps", type=int, default=3, help="AdamW steps (default 3)")
+    parser.add_argument("--steps", type=positive, default=3, help="AdamW steps (default 3)")
     parser.add_argument("--learning-rate", type=float, default=None, help="default: the config's")
-    parser.add_argument("--sequences", type=int, default=8, help="prompts, one response each (default 8)")
-    parser.add_argument("--max-new-tokens", type=int, default=96, help="response budget (default 96)")
+    parser.add_argument("--sequences", type=positive, default=8, help="prompts, one response each (default 8)")
+    parser.add_argument("--max-new-tokens", type=positive, default=96, help="response budget (default 96)")
     parser.add_argument(
         "--update", choices=UPDATES, default="all", help="parameters the steps may change (default all): an ablation"
     )
@@ -162,15 +162,21 @@ def _arguments(argv: list[str] | None) -> tuple[argparse.Namespace, Source, Sett
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    if min(args.steps, args.sequences, args.max_new_tokens) < 1:
-        parser.error("--steps, --sequences and --max-new-tokens must be at least 1")
     if args.learning_rate is not None and not (math.isfinite(args.learning_rate) and args.learning_rate > 0):
         parser.error(f"--learning-rate {args.learning_rate}: must be a positive finite number")
     if args.out.exists():
         parser.error(f"--out {args.out} exists; choose a new file (results are never overwritten)")
     try:
-        check_writable(args.out)
         source, setting = from_config(args.config, steps=1, eval_every=None, devices=[args.device])
+    except ValueError as error:
+        parser.error(str(error))
+    if not (source.checkpoint / "config.json").is_file():
+        parser.error(
+            f"{args.config}: model.checkpoint {source.checkpoint} holds no model (no config.json); "
+            "`nibble run` with this config trains its warm start there first"
+        )
+    try:  # last, so that a refused command leaves no --out folder behind
+        check_writable(args.out)
     except ValueError as error:
         parser.error(str(error))
     return args, source, setting

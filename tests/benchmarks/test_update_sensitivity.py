@@ -68,7 +68,8 @@ def test_records_bf16_first_then_each_plan_with_a_deterministic_forward(config, 
     [
         (["--learning-rate", "nan"], "--learning-rate nan"),
         (["--learning-rate=-1e-5"], "--learning-rate -1e-05"),
-        (["--steps", "0"], "--steps, --sequences and --max-new-tokens"),
+        (["--steps", "0"], "--steps: '0' is not a positive integer"),
+        (["--max-new-tokens", "x"], "--max-new-tokens: 'x' is not a positive integer"),
     ],
 )
 def test_bad_numbers_exit_2_naming_the_option(config, tmp_path, capsys, args, message):
@@ -103,3 +104,14 @@ def test_update_moves_only_the_named_parameters(config, tmp_path, update, frozen
     assert bf16["update"] == "all" and token["update"] == update  # BF16's movement stays the yardstick
     moved = "codes" if frozen == "bf16" else "bf16"
     assert token["steps"][0][frozen] == 0.0 and token["steps"][0][moved] > 0
+
+
+def test_a_config_without_its_model_is_refused_before_anything_is_made(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text(f"model: {{checkpoint: {tmp_path / 'absent'}}}\ntask: {{name: addition}}\n")
+    out = tmp_path / "new" / "o.json"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--config", str(config), "--out", str(out)])
+    assert exit_info.value.code == 2
+    assert f"model.checkpoint {tmp_path / 'absent'} holds no model" in capsys.readouterr().err
+    assert not out.parent.exists()
