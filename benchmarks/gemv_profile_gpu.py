@@ -1,6 +1,7 @@
-"""A driver for Nsight Compute: the fragment gemv (or, with ``--kernel gemm``, gemm) once per row count inside an
-NVTX range ``prof`` (after a warm-up outside it), so ``ncu --nvtx --nvtx-include prof/`` profiles exactly those
-launches. Times nothing itself; the counters are ncu's. Run on the GPU machine, e.g.:
+"""A driver for Nsight Compute: the fragment gemv (or, with ``--kernel gemm``, gemm; with ``--kernel wgmma``,
+the warpgroup-MMA gemm, whose activation decode and K permutation run inside the range too: name its kernel to
+ncu) once per row count inside an NVTX range ``prof`` (after a warm-up outside it), so ``ncu --nvtx --nvtx-include
+prof/`` profiles exactly those launches. Times nothing itself; the counters are ncu's. Run on the GPU machine, e.g.:
 
     ncu --clock-control none --nvtx --nvtx-include prof/ --section SpeedOfLight --section WarpStateStats \
         python -m benchmarks.gemv_profile_gpu --shape 8192 7168 --rows 1 8 32
@@ -24,7 +25,7 @@ def main() -> None:
     parser.add_argument(
         "--rows", action=AddUp, type=positive, default=[1, 8, 32], help="activation rows M, one launch each"
     )
-    parser.add_argument("--kernel", choices=["gemv", "gemm"], default="gemv")
+    parser.add_argument("--kernel", choices=["gemv", "gemm", "wgmma"], default="gemv")
     parser.add_argument(
         "--tile",
         nargs="+",
@@ -37,6 +38,8 @@ def main() -> None:
     if args.shape[1] % 16:
         parser.error(f"--shape {args.shape[0]} {args.shape[1]}: K must be a multiple of 16 (NVFP4 blocks)")
     gemv = args.kernel == "gemv"
+    if args.tile and args.kernel == "wgmma":
+        parser.error("--tile: the wgmma gemm has one tile (128 rows by 128 columns a CTA)")
     if args.tile and len(args.tile) != (6 if gemv else 3):
         parser.error(f"--tile: {args.kernel} takes {6 if gemv else 3} values, got {len(args.tile)}")
     builds = fragment_gemm.tile_builds if gemv else fragment_gemm.gemm_tile_builds
@@ -51,12 +54,18 @@ def main() -> None:
     (qw,) = packed_weights(n, k, copies=1)
     tile = tuple(args.tile) if args.tile else None
     inputs = [packed_activations(m, k) for m in args.rows]
+
+    def product(qx):
+        if args.kernel == "wgmma":
+            return gpu_gemm.wgmma_matmul(qx, qw, torch.bfloat16)
+        return gpu_gemm.fragment_matmul(qx, qw, torch.bfloat16, gemv=gemv, tile=tile)
+
     for qx in inputs:  # compile and warm up outside the profiled range
-        gpu_gemm.fragment_matmul(qx, qw, torch.bfloat16, gemv=gemv, tile=tile)
+        product(qx)
     torch.cuda.synchronize()
     for m, qx in zip(args.rows, inputs, strict=True):
         with torch.cuda.nvtx.range("prof"):
-            gpu_gemm.fragment_matmul(qx, qw, torch.bfloat16, gemv=gemv, tile=tile)
+            product(qx)
         torch.cuda.synchronize()
         print(f"profiled {args.kernel} {n}x{k} M={m} tile={tile or 'default'}", flush=True)
 
