@@ -98,9 +98,15 @@ def _dense_row(variants, qws, ws, m: int, wgmma: bool) -> dict:
     row["gemm"] = _time_variants(variants, run, len(qws), expected, ctas)
     if wgmma:
         use_source(variants[0][1])
-        timed = graph_time(lambda i: gpu_gemm.wgmma_matmul(qx, qws[i], torch.bfloat16), len(qws))
-        same = torch.equal(gpu_gemm.wgmma_matmul(qx, qws[0], torch.bfloat16), expected)
-        row["wgmma"] = {"us": timed["graph_s"] * 1e6, "same_bits": same}
+        row["wgmma"] = {}
+        for swizzle in fragment_gemm.WGMMA_SWIZZLES:
+
+            def product(i, swizzle=swizzle):
+                return gpu_gemm.wgmma_matmul(qx, qws[i], torch.bfloat16, swizzle=swizzle)
+
+            timed = graph_time(product, len(qws))
+            same = torch.equal(product(0), expected)
+            row["wgmma"][f"swizzle {swizzle}"] = {"us": timed["graph_s"] * 1e6, "same_bits": same}
     print(_line(f"dense {n}x{k} M={m:5d}", row), flush=True)
     return row
 
@@ -157,7 +163,7 @@ def _line(label: str, row: dict) -> str:
     parts = [f"bf16 {row['bf16_us']:8.1f}"]
     if "gemv_us" in row:
         parts.append(f"gemv {row['gemv_us']:8.1f}")
-    timed = list(row["gemm"].items()) + ([("wgmma", row["wgmma"])] if "wgmma" in row else [])
+    timed = list(row["gemm"].items()) + [(f"wgmma {name}", v) for name, v in row.get("wgmma", {}).items()]
     for name, v in timed:
         differ = "" if v["same_bits"] else " BITS DIFFER"
         parts.append(f"{name} {v['us']:8.1f} (x{row['bf16_us'] / v['us']:.2f}{differ})")
@@ -176,7 +182,9 @@ def main() -> None:
         help="gemm tiles GROUPS,STAGES,WARPS to time (default: fragment_gemm.GEMM_TILES)",
     )  # fmt: skip
     parser.add_argument("--skip", action=AddUp, default=[], choices=["dense", "grouped"])
-    parser.add_argument("--wgmma", action="store_true", help="also time the warpgroup-MMA gemm on dense products")
+    parser.add_argument(
+        "--wgmma", action="store_true", help="also time the warpgroup-MMA gemm, in each layout, on dense products"
+    )
     parser.add_argument("--out", type=Path, default=None, help="results JSON")
     args = parser.parse_args()
     for option, path in [("--against", args.against)] + [("--also", p) for p in args.also]:

@@ -35,15 +35,16 @@ def loop_opcodes(gemm: fragment_gemm.GemmTile) -> collections.Counter:
 
 
 @functools.cache
-def _wgmma_cubin() -> bytes:
-    source = fragment_gemm.wgmma_source(fragment_gemm.WGMMA_STAGES, True, True)
+def _wgmma_cubin(swizzle: int) -> bytes:
+    source = fragment_gemm.wgmma_source(fragment_gemm.WGMMA_STAGES, swizzle, True)
     return compile_cubin(source, fragment_gemm.NVRTC_OPTIONS, "90a")[0]
 
 
-def wgmma_loop_opcodes(whole_steps: bool = False) -> collections.Counter:
-    """Opcode counts of the warpgroup-MMA gemm's main loop (sm_90a, default stages, bf16 output): both copy paths,
-    or with ``whole_steps`` the path of a step that lies inside K (every step but a last one ending past K)."""
-    return _loop(_wgmma_cubin(), "nvfp4_fragment_wgmma", whole_steps)
+def wgmma_loop_opcodes(whole_steps: bool = False, swizzle: int = 0) -> collections.Counter:
+    """Opcode counts of the warpgroup-MMA gemm's main loop (sm_90a, default stages, bf16 output, shared-memory
+    layout ``swizzle``): both copy paths, or with ``whole_steps`` the path of a step that lies inside K (every step
+    but a last one ending past K)."""
+    return _loop(_wgmma_cubin(swizzle), "nvfp4_fragment_wgmma", whole_steps)
 
 
 def _loop(cubin: bytes, kernel: str, whole_steps: bool = False) -> collections.Counter:
@@ -122,13 +123,14 @@ def main() -> None:
             f"gemm tile {gemm}: {total} instructions a step, {mma} HMMA, {fadd} FADD ({fadd / total:.0%}), "
             f"{total / mma:.2f} per HMMA; most frequent: {counts.most_common(8)}"
         )
-    if args.wgmma:
-        counts, whole = wgmma_loop_opcodes(), wgmma_loop_opcodes(whole_steps=True)
+    for swizzle in fragment_gemm.WGMMA_SWIZZLES if args.wgmma else ():
+        counts = wgmma_loop_opcodes(swizzle=swizzle)
+        whole = wgmma_loop_opcodes(whole_steps=True, swizzle=swizzle)
         total, fadd = sum(counts.values()), counts["FADD"]
         print(
-            f"wgmma gemm: {total} instructions in the loop with both copy paths, {sum(whole.values())} on a step "
-            f"inside K, "
-            f"{counts['HGMMA']} HGMMA, {fadd} FADD ({whole['FADD'] / sum(whole.values()):.0%} of a step inside K); "
+            f"wgmma gemm, swizzle {swizzle}: {total} instructions in the loop with both copy paths, "
+            f"{sum(whole.values())} on a step inside K, {counts['HGMMA']} HGMMA, {fadd} FADD "
+            f"({whole['FADD'] / sum(whole.values()):.0%} of a step inside K); "
             f"most frequent on a step inside K: {whole.most_common(8)}"
         )
 

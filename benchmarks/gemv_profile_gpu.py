@@ -34,7 +34,16 @@ def main() -> None:
         help="a tile instead of the default: gemv's (rows, prefetch, warps, groups, staged, column warps) or "
         "gemm's (groups per warp, stages, warps)",
     )
+    parser.add_argument(
+        "--swizzle",
+        type=int,
+        choices=fragment_gemm.WGMMA_SWIZZLES,
+        default=None,
+        help="the wgmma gemm's shared-memory layout (default 0)",
+    )
     args = parser.parse_args()
+    if args.swizzle is not None and args.kernel != "wgmma":
+        parser.error(f"--swizzle: only the wgmma gemm has shared-memory layouts, not {args.kernel}")
     if args.shape[1] % 16:
         parser.error(f"--shape {args.shape[0]} {args.shape[1]}: K must be a multiple of 16 (NVFP4 blocks)")
     gemv = args.kernel == "gemv"
@@ -57,7 +66,7 @@ def main() -> None:
 
     def product(qx):
         if args.kernel == "wgmma":
-            return gpu_gemm.wgmma_matmul(qx, qw, torch.bfloat16)
+            return gpu_gemm.wgmma_matmul(qx, qw, torch.bfloat16, swizzle=args.swizzle or 0)
         return gpu_gemm.fragment_matmul(qx, qw, torch.bfloat16, gemv=gemv, tile=tile)
 
     for qx in inputs:  # compile and warm up outside the profiled range

@@ -12,9 +12,12 @@ layout.) The readings agree with CUTLASS's (``make_gmma_desc``: a K-major tile w
 core-matrix groups by the stride byte offset and its two K halves by the leading one; ``ALayout_64x16`` and
 ``CLayout_64xN`` are the register layouts written here), which is why the kernel's default is ``LEADING_IS_K``.
 
-Then the warpgroup-MMA gemm itself (``gemm.wgmma_matmul``) runs under each reading on shapes off its tiles and
-is compared bit for bit with gemm (``fragment_matmul``, whose bits the GPU tests tie to the CPU reference), each
-reading in a process of its own, so that a fault under one (a sticky CUDA error) leaves the other's answer.
+Then the warpgroup-MMA gemm itself (``gemm.wgmma_matmul``) runs under each of its shared-memory layouts
+(``fragment_gemm.WGMMA_SWIZZLES``: no swizzle, read as above, and wgmma's 32- and 128-byte swizzles) on shapes off
+its tiles and is compared bit for bit with gemm (``fragment_matmul``, whose bits the GPU tests tie to the CPU
+reference), each layout in a process of its own, so that a fault under one (a sticky CUDA error) leaves the
+others' answers. (On the H100 on 2026-12-07 the descriptor read with the leading byte offset along K gave the same
+bits, and the unswizzled gemm too; read along N, the gemm faulted: ``h100_wgmma_probe.json``.)
 Run on the GPU machine:
 
     python -m benchmarks.wgmma_probe_gpu --out benchmarks/results/h100_wgmma_probe.json
@@ -33,6 +36,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.machine import describe, out_problem, write_record
+from nibble.kernels.gpu import fragment_gemm
 
 SOURCE = Path(__file__).with_name("wgmma_probe.cu")
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -94,8 +98,8 @@ def probe(kernel, a: torch.Tensor, b: torch.Tensor, leading_is_k: bool) -> dict:
     }
 
 
-def gemm_rows(leading_is_k: bool) -> list[dict]:
-    """The warpgroup-MMA gemm under one descriptor reading against gemm's bits (float32 output) on
+def gemm_rows(swizzle: int) -> list[dict]:
+    """The warpgroup-MMA gemm with one shared-memory layout against gemm's bits (float32 output) on
     :data:`GEMM_SHAPES`: per shape the outputs whose bits differ."""
     from benchmarks.gemm_backends_gpu import packed_activations, packed_weights
     from nibble.kernels.gpu import gemm as gpu_gemm
@@ -104,7 +108,7 @@ def gemm_rows(leading_is_k: bool) -> list[dict]:
     for m, n, k in GEMM_SHAPES:
         qw, qx = packed_weights(n, k, copies=1)[0], packed_activations(m, k)
         expected = gpu_gemm.fragment_matmul(qx, qw, torch.float32, gemv=False)
-        got = gpu_gemm.wgmma_matmul(qx, qw, torch.float32, leading_is_k=leading_is_k)
+        got = gpu_gemm.wgmma_matmul(qx, qw, torch.float32, swizzle=swizzle)
         rows.append(
             {"shape": [m, n, k], "wrong_outputs": int((got.view(torch.int32) != expected.view(torch.int32)).sum())}
         )
@@ -119,12 +123,10 @@ def _child_error(stderr: str, returncode: int) -> str:
     return f"{(raised or lines or ['no message'])[-1]} (exit status {returncode})"
 
 
-def gemm_reading(leading_is_k: bool) -> dict:
+def gemm_layout(swizzle: int) -> dict:
     """:func:`gemm_rows` in a child process (a fault there is reported, not raised), run from the repository root."""
-    child = (
-        f"import json; from benchmarks.wgmma_probe_gpu import gemm_rows; print(json.dumps(gemm_rows({leading_is_k})))"
-    )
-    row = {"leading_offset": "K" if leading_is_k else "N"}
+    child = f"import json; from benchmarks.wgmma_probe_gpu import gemm_rows; print(json.dumps(gemm_rows({swizzle})))"
+    row = {"swizzle": swizzle}
     try:
         run = subprocess.run(
             [sys.executable, "-c", child], capture_output=True, text=True, timeout=GEMM_TIMEOUT_S, cwd=REPOSITORY
@@ -150,7 +152,7 @@ def main() -> None:
         raise SystemExit("benchmarks/wgmma_probe_gpu.py needs a Hopper GPU (compute capability 9.0)")
     # the gemm first, in children, before this process makes a context of its own (a GPU in exclusive-process mode
     # takes one at a time)
-    gemms = [gemm_reading(leading_is_k) for leading_is_k in (True, False)]
+    gemms = [gemm_layout(swizzle) for swizzle in fragment_gemm.WGMMA_SWIZZLES]
     kernel = torch.cuda._compile_kernel(source(), "wgmma_probe", compute_capability="90a")
     generator = torch.Generator().manual_seed(0)
     a = torch.randint(-4, 5, (64, 16), generator=generator).to(torch.float16)
@@ -166,7 +168,7 @@ def main() -> None:
             "same bits as gemm on every shape" if row["same_bits"]
             else ", ".join(f"{s['shape']}: {s['wrong_outputs']} outputs wrong" for s in row["shapes"])
         )  # fmt: skip
-        print(f"wgmma gemm, leading byte offset along {row['leading_offset']}: {verdict}")
+        print(f"wgmma gemm, swizzle {row['swizzle']}: {verdict}")
     if args.out:
         record = {"machine": describe(), "command": "python -m benchmarks.wgmma_probe_gpu", "probes": results}
         write_record(args.out, record | {"gemms": gemms})

@@ -574,23 +574,60 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, (GEMM_GROUPS == 1 ? 16 
 // accumulator (scale-d false), and adds the 64 x 128 block products to its running chunk sums in block order, as
 // gemm does; the two warpgroups hide each other's waits. The activations must arrive with each block's elements
 // in the fragment layout's K order (FRAGMENT_K_ORDER of fragment_gemm.py: 0, 1, 4, 5, ..., 2, 3, 6, 7, ...),
-// so that the mma's logical positions pair the same elements of both operands. A stage: the step's activations
-// as [block (8)][half (2)][row (128)][8 elements], core matrices of 8 rows x 16 bytes (no swizzle), then each
-// warp's weight words and scales as gemm stages them. Macros: WG_STAGES (the ring), LEADING_IS_K (which of the
-// descriptor's byte offsets steps along K: benchmarks/wgmma_probe_gpu.py says).
+// so that the mma's logical positions pair the same elements of both operands. A stage: the step's 32 KB of
+// activations, then each warp's weight words and scales as gemm stages them. Macros: WG_STAGES (the ring) and
+// WG_SWIZZLE, how the activations lie: one of wgmma's K-major canonical layouts (PTX ISA, matrix descriptor;
+// CUTLASS's make_gmma_desc), every one read the same, so a speed choice only:
+//   0: no swizzle, [block (8)][half (2)][row (128)][16 bytes]: 8-row x 16-byte core matrices, the leading byte
+//      offset stepping the halves (along K: benchmarks/wgmma_probe_gpu.py), the stride one the 8-row groups;
+//   32: [block (8)][row (128)][32 bytes], the halves swapped in rows 4-7 of every 8 (address bit 4 ^= bit 7);
+//   128: [block / 4 (2)][row (128)][128 bytes], 16-byte chunk c of a row at c ^ (row % 8) (bits 4-6 ^= bits
+//      7-9), block b's 32 bytes at chunk 2 (b % 4): wgmma starts 32 (b % 4) bytes into the swizzled rows.
+// A swizzle is of the shared address, so the ring must start on its 1024-byte period (the kernel traps if not).
 #define WG_TOKENS 128
 #define WG_WARPS 8
 #define WG_X_BYTES (8 * 2 * WG_TOKENS * 16)  // a step's activations: 8 blocks x 2 halves x 128 rows x 16 bytes
 #define WG_W_BYTES 1152                      // a warp's weight words (2 quads x 512) and scales (2 x 64) per step
 #define WG_STAGE_BYTES (WG_X_BYTES + WG_WARPS * WG_W_BYTES)
-static_assert(WG_STAGES * WG_STAGE_BYTES <= 232448 && WG_STAGE_BYTES % 16 == 0,
-              "the ring fits a CTA's shared memory, so every stage's address >> 4 fits the descriptor's 14 bits");
+static_assert(WG_STAGES * WG_STAGE_BYTES <= 232448 && WG_STAGE_BYTES % 1024 == 0,
+              "the ring fits a CTA's shared memory, so every stage's address >> 4 fits the descriptor's 14 bits, and "
+              "every stage starts on the swizzle's period");
+
+#if WG_SWIZZLE == 0
+#define WG_LAYOUT 0ull                        // the descriptor's layout type
+#define WG_LEADING ((8 * 2 * WG_TOKENS) >> 4)  // bytes >> 4: the two halves of a block
+#define WG_STRIDE (128 >> 4)                  // the 8-row groups
+#elif WG_SWIZZLE == 32
+#define WG_LAYOUT 3ull
+#define WG_LEADING 1  // unused by a swizzled K-major layout
+#define WG_STRIDE (256 >> 4)
+#elif WG_SWIZZLE == 128
+#define WG_LAYOUT 1ull
+#define WG_LEADING 1
+#define WG_STRIDE (1024 >> 4)
+#else
+#error "WG_SWIZZLE is 0, 32 or 128"
+#endif
 
 __device__ __forceinline__ unsigned long long wg_descriptor(const void* smem) {
     const u32 address = (u32)__cvta_generic_to_shared(smem);
-    const unsigned long long along_k = (2 * 8 * WG_TOKENS) >> 4, along_n = 128 >> 4;  // bytes >> 4
-    const unsigned long long leading = LEADING_IS_K ? along_k : along_n, stride = LEADING_IS_K ? along_n : along_k;
-    return (unsigned long long)((address >> 4) & 0x3FFF) | (leading << 16) | (stride << 32);
+    return (unsigned long long)((address >> 4) & 0x3FFF) | ((unsigned long long)WG_LEADING << 16) |
+           ((unsigned long long)WG_STRIDE << 32) | (WG_LAYOUT << 62);
+}
+
+// Where half `half` of block `block` of activation row `row` lies in a stage (bytes), and where block `block`
+// starts for the descriptor (bytes >> 4).
+__device__ __forceinline__ u32 wg_x_offset(int block, int row, int half) {
+#if WG_SWIZZLE == 0
+    return ((block * 2 + half) * WG_TOKENS + row) * 16;
+#elif WG_SWIZZLE == 32
+    return block * (2 * WG_TOKENS * 16) + row * 32 + ((half ^ ((row >> 2) & 1)) << 4);
+#else
+    return (block / 4) * (8 * WG_TOKENS * 16) + row * 128 + ((((block % 4) * 2 + half) ^ (row & 7)) << 4);
+#endif
+}
+__device__ __forceinline__ constexpr unsigned long long wg_block_start(int block) {
+    return WG_SWIZZLE == 128 ? (block / 4) * (8 * WG_TOKENS) + (block % 4) * 2 : block * ((2 * 16 * WG_TOKENS) >> 4);
 }
 
 // d = A x B for one block (scale-d false: d's earlier values are not read), issued and waited for; the fences keep
@@ -636,11 +673,18 @@ extern "C" __global__ void __launch_bounds__(32 * WG_WARPS, 1) nvfp4_fragment_wg
     const bool gok = g < groups;
     const Words* wbase = w_words + (i64)(gok ? g : 0) * quads * 32 + lane;
     const Pair* sbase = w_scales + (i64)(gok ? g : 0) * quads * 8;
-    // This thread's activations: one half (16 bytes) of every block of row xrow. A warp's copy covers 16 rows'
-    // whole 32-byte sectors (lanes l and l + 8 take a row's two halves) and writes 8 rows' 128 contiguous bytes of
-    // a half per quarter-warp.
+    // This thread's activations: one half (16 bytes) of every block of row xrow; a warp's copy covers 16 rows'
+    // whole 32-byte sectors. Without a swizzle lanes l and l + 8 take a row's two halves, so that a quarter-warp
+    // writes 8 rows' 128 contiguous bytes of a half; with one, lanes 2i and 2i + 1 do, so that a quarter-warp
+    // reads whole sectors (4 rows), on rows whose swizzled chunks fall on 8 different 16-byte bank groups.
     static_assert(WG_TOKENS == 16 * WG_WARPS, "each warp stages 16 rows");
+#if WG_SWIZZLE == 0
     const int xrow = 16 * warp + (lane & 7) + 8 * (lane >> 4), xhalf = (lane >> 3) & 1;
+#elif WG_SWIZZLE == 32
+    const int xrow = 16 * warp + 4 * (lane >> 3) + ((lane >> 1) & 3), xhalf = lane & 1;
+#else
+    const int xrow = 16 * warp + 8 * (lane >> 4) + 2 * ((lane >> 1) & 3) + ((lane >> 3) & 1), xhalf = lane & 1;
+#endif
     const bool xok = row_start + xrow < rows_total;
     const u16* xsrc = x + (i64)(xok ? row_start + xrow : 0) * k;
     const bool scale_lane = lane < 16;
@@ -655,7 +699,7 @@ extern "C" __global__ void __launch_bounds__(32 * WG_WARPS, 1) nvfp4_fragment_wg
 #pragma unroll
         for (int block = 0; block < 8; ++block) {
             const bool ok = xok && (whole || step * STEP + block * 16 + xhalf * 8 < k);
-            const u32 dst = stage + ((block * 2 + xhalf) * WG_TOKENS + xrow) * 16;
+            const u32 dst = stage + wg_x_offset(block, xrow, xhalf);
             copy_async16(dst, whole || ok ? xstep + block * 16 : xsrc, ok);
         }
         const u32 wstage = stage + WG_X_BYTES + warp * WG_W_BYTES;
@@ -672,6 +716,7 @@ extern "C" __global__ void __launch_bounds__(32 * WG_WARPS, 1) nvfp4_fragment_wg
         }
     };
     const u32 ring_shared = (u32)__cvta_generic_to_shared(ring);
+    if (WG_SWIZZLE && (ring_shared & 1023)) __trap();  // the swizzle's period; stages are whole periods
     auto issue = [&](int step) {
         const u32 stage = ring_shared + (step % WG_STAGES) * WG_STAGE_BYTES;
         if ((step + 1) * STEP <= k)
@@ -685,7 +730,7 @@ extern "C" __global__ void __launch_bounds__(32 * WG_WARPS, 1) nvfp4_fragment_wg
 #pragma unroll
     for (int i = 0; i < 64; ++i) d[i] = acc[i] = total[i] = 0.0f;
     const unsigned long long ring_descriptor = wg_descriptor(ring);
-    constexpr unsigned long long stage_step = WG_STAGE_BYTES >> 4, block_step = (2 * 16 * WG_TOKENS) >> 4;
+    constexpr unsigned long long stage_step = WG_STAGE_BYTES >> 4;
 
 #pragma unroll
     for (int s = 0; s < WG_STAGES - 1; ++s) issue(s);
@@ -708,7 +753,7 @@ extern "C" __global__ void __launch_bounds__(32 * WG_WARPS, 1) nvfp4_fragment_wg
                 u32 a[4];
                 decode(wq.w[j], a);
                 scale_operands(a, sq, j);
-                wgmma_block(d, a, descriptor + (qi * 4 + j) * block_step);
+                wgmma_block(d, a, descriptor + wg_block_start(qi * 4 + j));
 #pragma unroll
                 for (int i = 0; i < 64; ++i) acc[i] = add_rn(acc[i], d[i]);
             }

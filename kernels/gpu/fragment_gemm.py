@@ -95,12 +95,16 @@ GEMM_TILE_RULE = (
     f"{MAX_SHARED_BYTES} bytes, {' or '.join(map(str, GEMM_WARPS))} warps"
 )
 
-# The warpgroup-MMA gemm (nvfp4_fragment_wgmma, compiled with WGMMA for sm_90a: Hopper only). Not dispatched: it
-# has not run on a GPU yet (docs/gpu-kernels.md, the wgmma note); launch_wgmma and gemm.wgmma_matmul call it for the
-# GPU tests and benchmarks/gemm_pipeline_gpu.py --wgmma. A CTA: 128 activation rows x 8 column groups, 256 threads.
+# The warpgroup-MMA gemm (nvfp4_fragment_wgmma, compiled with WGMMA for sm_90a: Hopper only). Not dispatched: on
+# the H100 it gives gemm's bits but is slower than gemm (docs/gpu-kernels.md, the wgmma notes); launch_wgmma and
+# gemm.wgmma_matmul call it for the GPU tests and benchmarks/gemm_pipeline_gpu.py --wgmma. A CTA: 128 activation
+# rows x 8 column groups, 256 threads.
 WGMMA_ROWS = 128
 WGMMA_COLUMN_GROUPS = 8
 WGMMA_STAGES = 4
+# How the wgmma gemm lays a step's activations in shared memory (WG_SWIZZLE of fragment_gemm.cu: no swizzle, or
+# wgmma's 32- or 128-byte swizzle); every layout gives the same bits.
+WGMMA_SWIZZLES = (0, 32, 128)
 # The element of a 16-element block at each logical K position of the fragment layout's mma operands (lane c holds
 # elements 4c..4c+3 where mma.m16n8k16 numbers them 2c, 2c+1, 2c+8, 2c+9): wgmma's B, read from shared memory in
 # logical order, needs the activations permuted so within each block.
@@ -316,17 +320,23 @@ def wgmma_shared_bytes(stages: int) -> int:
     return stages * (8 * 2 * WGMMA_ROWS * 16 + WGMMA_COLUMN_GROUPS * 2 * 576)
 
 
-def wgmma_source(stages: int, leading_is_k: bool, bf16: bool) -> str:
-    """The CUDA source with the wgmma kernel enabled (:data:`SOURCE` after its macros), for sm_90a."""
-    defines = f"#define WGMMA 1\n#define WG_STAGES {stages}\n#define LEADING_IS_K {int(leading_is_k)}\n"
+def wgmma_source(stages: int, swizzle: int, bf16: bool) -> str:
+    """The CUDA source with the wgmma kernel enabled (:data:`SOURCE` after its macros), for sm_90a.
+
+    Raises:
+        ValueError: ``swizzle`` not among :data:`WGMMA_SWIZZLES` (the preprocessor would read a name as 0).
+    """
+    if type(swizzle) is not int or swizzle not in WGMMA_SWIZZLES:
+        raise ValueError(f"fragment wgmma: swizzle {swizzle!r}, not one of {WGMMA_SWIZZLES} (bytes)")
+    defines = f"#define WGMMA 1\n#define WG_STAGES {stages}\n#define WG_SWIZZLE {swizzle}\n"
     return defines + source(GEMV_TILES[0], False, False, bf16)
 
 
 @functools.cache
-def _wgmma_module(stages: int, leading_is_k: bool, bf16: bool, device_index: int):
+def _wgmma_module(stages: int, swizzle: int, bf16: bool, device_index: int):
     with torch.cuda.device(device_index):
         kernel = torch.cuda._compile_kernel(
-            wgmma_source(stages, leading_is_k, bf16), "nvfp4_fragment_wgmma", compute_capability="90a",
+            wgmma_source(stages, swizzle, bf16), "nvfp4_fragment_wgmma", compute_capability="90a",
             nvcc_options=list(NVRTC_OPTIONS),
         )  # fmt: skip
         kernel.set_shared_memory_config(wgmma_shared_bytes(stages))
@@ -341,7 +351,7 @@ def launch_wgmma(
     out: torch.Tensor,
     *,
     stages: int = WGMMA_STAGES,
-    leading_is_k: bool = True,
+    swizzle: int = 0,
 ) -> None:
     """The warpgroup-MMA gemm of one dense weight into ``out [M, N]`` (float32 or bfloat16), on ``x``'s device.
 
@@ -349,12 +359,13 @@ def launch_wgmma(
         x: float16 ``[M, K]`` activations decoded without their global scale, each 16-element block's elements in
             :data:`FRAGMENT_K_ORDER`; ``x_g`` float32 ``[M]``.
         fragments: the weight ``[N, K]`` in the fragment layout; ``w_g`` float32 ``[1]``.
-        stages: steps of K in flight (the ring); ``leading_is_k``: which of the shared-memory descriptor's byte
-            offsets steps along K (benchmarks/wgmma_probe_gpu.py settles it).
+        stages: steps of K in flight (the ring); ``swizzle``: the activations' shared-memory layout, one of
+            :data:`WGMMA_SWIZZLES` (a speed choice: the same bits).
     Raises:
-        ValueError: not a Hopper GPU (compute capability 9.0); an expert stack; a ring that does not fit; operands
-            of other shapes, dtypes or layouts than the kernel reads.
+        ValueError: not a Hopper GPU (compute capability 9.0); an expert stack; a ring that does not fit; a swizzle
+            not among :data:`WGMMA_SWIZZLES`; operands of other shapes, dtypes or layouts than the kernel reads.
     """
+    wgmma_source(stages, swizzle, False)  # the swizzle's check, before any GPU is looked for
     m = out.shape[0]
     if x.dtype != torch.float16 or tuple(x.shape) != (m, fragments.k) or not x.is_contiguous():
         raise ValueError(
@@ -380,7 +391,7 @@ def launch_wgmma(
         raise ValueError(f"fragment wgmma: dense weights only, not a stack of {fragments.words.shape[0]} experts")
     if stages < 2 or wgmma_shared_bytes(stages) > shared_limit(x.device):
         raise ValueError(f"fragment wgmma: {stages} stages ({wgmma_shared_bytes(stages)} bytes) do not fit a CTA")
-    kernel = _wgmma_module(stages, leading_is_k, out.dtype == torch.bfloat16, device_index)
+    kernel = _wgmma_module(stages, swizzle, out.dtype == torch.bfloat16, device_index)
     groups, quads = fragments.words.shape[1:3]
     args = [fragments.words, fragments.scales, w_g, x, x_g, out, m, fragments.n, fragments.k, groups, quads]
     grid = (-(-m // WGMMA_ROWS), -(-groups // WGMMA_COLUMN_GROUPS), 1)

@@ -174,11 +174,12 @@ def wgmma_matmul(
     qw: NVFP4Tensor,
     out_dtype: torch.dtype,
     stages: int = fragment_gemm.WGMMA_STAGES,
-    leading_is_k: bool = True,
+    swizzle: int = 0,
 ) -> torch.Tensor:
     """:func:`matmul` through the warpgroup-MMA gemm (:func:`fragment_gemm.launch_wgmma`: Hopper; not dispatched).
     The activations are decoded as for the other kernels, then each block's elements permuted to the fragment
-    layout's K order (one extra pass over ``[M, K]`` float16)."""
+    layout's K order (one extra pass over ``[M, K]`` float16). ``swizzle``: how the kernel lays the activations in
+    shared memory, one of ``fragment_gemm.WGMMA_SWIZZLES`` (a speed choice: the same bits)."""
     m, k = qx.shape
     kernel_dtype = out_dtype if out_dtype in _CUDA_OUT else torch.float32
     out = torch.empty((m, qw.shape[0]), dtype=kernel_dtype, device=qx.device)
@@ -186,7 +187,7 @@ def wgmma_matmul(
         x, xg = _activations(qx)
         x = x.view(m, k // NVFP4_BLOCK, NVFP4_BLOCK).index_select(2, _fragment_k_order(x.device)).reshape(m, k)
         wg = qw.global_scale.reshape(1).to(torch.float32)
-        fragment_gemm.launch_wgmma(x, xg, _fragments(qw), wg, out, stages=stages, leading_is_k=leading_is_k)
+        fragment_gemm.launch_wgmma(x, xg, _fragments(qw), wg, out, stages=stages, swizzle=swizzle)
     return out.to(out_dtype)
 
 

@@ -91,6 +91,9 @@ def test_the_profile_driver_refuses_bad_shapes_rows_and_tiles(monkeypatch, capsy
         ("--kernel", "gemm", "--tile", "2", "9", "4"): "at least two stages whose ring fits",
         ("--kernel", "gemm", "--tile", "2", "4"): "takes 3 values",
         ("--tile", "8", "2", "16", "2", "5", "1"): "staged 0 or 1",
+        ("--kernel", "wgmma", "--tile", "2", "4", "8"): "the wgmma gemm has one tile",
+        ("--kernel", "wgmma", "--swizzle", "64"): "invalid choice: 64",
+        ("--kernel", "gemm", "--swizzle", "32"): "only the wgmma gemm has shared-memory layouts, not gemm",
     }
     for argv, expected in cases.items():
         assert expected in _refused(monkeypatch, capsys, gemv_profile_gpu.main, *argv), argv

@@ -7,6 +7,7 @@ pytest.importorskip("nvidia.cuda_nvrtc", reason="the nvidia-cuda-nvrtc-cu12 dev 
 pytest.importorskip("triton", reason="the triton package (its nvdisasm) is not installed")
 
 from benchmarks.gemm_sass import loop_opcodes, wgmma_loop_opcodes, without_general_copies
+from nibble.kernels.gpu import fragment_gemm
 
 
 @pytest.mark.parametrize("groups,warps", [(1, 8), (2, 8), (1, 4)])
@@ -18,18 +19,21 @@ def test_the_loop_of_a_step_is_found_by_its_instructions(groups, warps):
     assert counts["BAR"] == 1
 
 
-def test_the_wgmma_loop_holds_a_warpgroup_mma_and_the_adds_of_each_block():
-    counts = wgmma_loop_opcodes()
+@pytest.mark.parametrize("swizzle", fragment_gemm.WGMMA_SWIZZLES)
+def test_the_wgmma_loop_holds_a_warpgroup_mma_and_the_adds_of_each_block(swizzle):
+    counts = wgmma_loop_opcodes(swizzle=swizzle)
     blocks, outputs_per_thread = 8, 64  # a 64 x 128 block product over a warpgroup's 128 threads
     assert counts["HGMMA"] == blocks
     assert counts["FADD"] >= blocks * outputs_per_thread
     assert counts["HMMA"] == 0 and counts["BAR"] == 1
 
 
-def test_a_step_inside_k_takes_the_whole_step_copies_only():
+@pytest.mark.parametrize("swizzle", fragment_gemm.WGMMA_SWIZZLES)
+def test_a_step_inside_k_takes_the_whole_step_copies_only(swizzle):
     """The whole-step path: the step's 8 activation copies, 2 weight copies and the scales' copy, no more (the
     general copies, which the last step of a ragged K takes, are left out) and the same products and adds."""
-    every, whole = wgmma_loop_opcodes(), wgmma_loop_opcodes(whole_steps=True)
+    every = wgmma_loop_opcodes(swizzle=swizzle)
+    whole = wgmma_loop_opcodes(whole_steps=True, swizzle=swizzle)
     assert whole["LDGSTS"] == 8 + 2 + 1 and every["LDGSTS"] == 2 * whole["LDGSTS"]
     assert whole["HGMMA"] == every["HGMMA"] and whole["FADD"] == every["FADD"]
 

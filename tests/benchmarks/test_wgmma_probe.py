@@ -63,17 +63,17 @@ def test_a_bad_out_is_refused_before_the_gpu_is_looked_for(monkeypatch, capsys, 
 
 
 def _child(monkeypatch, returncode: int, stdout: str = "", stderr: str = "") -> dict:
-    """gemm_reading with the child process's answer given (no GPU is touched, on any machine)."""
+    """gemm_layout with the child process's answer given (no GPU is touched, on any machine)."""
 
     def run(argv, **kwargs):
-        assert kwargs["cwd"] == probe.REPOSITORY and "gemm_rows(False)" in argv[-1]
+        assert kwargs["cwd"] == probe.REPOSITORY and "gemm_rows(128)" in argv[-1]
         return subprocess.CompletedProcess(argv, returncode, stdout, stderr)
 
     monkeypatch.setattr(probe.subprocess, "run", run)
-    return probe.gemm_reading(leading_is_k=False)
+    return probe.gemm_layout(swizzle=128)
 
 
-def test_a_fault_in_the_gemm_under_one_reading_is_reported_by_its_exception_line(monkeypatch):
+def test_a_fault_in_the_gemm_under_one_layout_is_reported_by_its_exception_line(monkeypatch):
     stderr = (
         'Traceback (most recent call last):\n  File "<string>", line 1, in <module>\n'
         "torch.AcceleratorError: CUDA error: an illegal memory access was encountered\n"
@@ -83,7 +83,7 @@ def test_a_fault_in_the_gemm_under_one_reading_is_reported_by_its_exception_line
     )
     row = _child(monkeypatch, 1, stderr=stderr)
     assert row == {
-        "leading_offset": "N",
+        "swizzle": 128,
         "error": "torch.AcceleratorError: CUDA error: an illegal memory access was encountered (exit status 1)",
     }
 
@@ -93,7 +93,7 @@ def test_a_child_that_prints_no_result_is_reported(monkeypatch):
     assert "printed no result" in _child(monkeypatch, 0, stdout="warming up\n")["error"]
 
 
-def test_the_child_s_rows_become_the_reading(monkeypatch):
+def test_the_child_s_rows_become_the_layout_s(monkeypatch):
     shapes = [{"shape": [128, 128, 1024], "wrong_outputs": 0}, {"shape": [300, 272, 2064], "wrong_outputs": 3}]
     row = _child(monkeypatch, 0, stdout="noise\n" + json.dumps(shapes) + "\n")
-    assert row == {"leading_offset": "N", "same_bits": False, "shapes": shapes}
+    assert row == {"swizzle": 128, "same_bits": False, "shapes": shapes}

@@ -320,14 +320,15 @@ HOPPER = CUDA and torch.cuda.get_device_capability() == (9, 0)
 @pytest.mark.parametrize(
     "m,n,k", [(1, 48, 96), (130, 560, 2112), (128, 128, 512), (200, 4112, 2064), (3, 72, 8192), (257, 1040, 7168)]
 )
-def test_the_wgmma_gemm_gives_the_reference_bits(m, n, k):
+@pytest.mark.parametrize("swizzle", fragment_gemm.WGMMA_SWIZZLES)
+def test_the_wgmma_gemm_gives_the_reference_bits(m, n, k, swizzle):
     """Rows off the 128-row tile, column groups that fill no CTA or part of one, K ending inside a step and a
-    quad, K of one step, chunks of K ending inside a step (not yet run on a GPU when written: the note says)."""
+    quad, K of one step, chunks of K ending inside a step; under every shared-memory layout."""
     qx, qw = _operands(m, n, k, seed=n + k + 1)
     prepared = gemm.with_fragments(qw)
     for out_dtype in (torch.float32, torch.bfloat16):
-        y = gpu_gemm.wgmma_matmul(qx, prepared, out_dtype)
-        assert_same_bits(block_gemm.matmul(_cpu(qx), _cpu(qw), out_dtype), y, "wgmma")
+        y = gpu_gemm.wgmma_matmul(qx, prepared, out_dtype, swizzle=swizzle)
+        assert_same_bits(block_gemm.matmul(_cpu(qx), _cpu(qw), out_dtype), y, f"wgmma, swizzle {swizzle}")
 
 
 @pytest.mark.gpu

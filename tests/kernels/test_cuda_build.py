@@ -53,13 +53,26 @@ def test_a_gemm_tile_of_three_groups_one_stage_or_odd_warps_is_refused():
 
 
 @pytest.mark.parametrize("bf16", [False, True])
-@pytest.mark.parametrize("leading_is_k", [False, True])
-def test_the_wgmma_gemm_builds_for_hopper_without_spills(bf16, leading_is_k):
-    source = fragment_gemm.wgmma_source(fragment_gemm.WGMMA_STAGES, leading_is_k, bf16)
+@pytest.mark.parametrize("swizzle", fragment_gemm.WGMMA_SWIZZLES)
+def test_the_wgmma_gemm_builds_for_hopper_without_spills(bf16, swizzle):
+    source = fragment_gemm.wgmma_source(fragment_gemm.WGMMA_STAGES, swizzle, bf16)
     cubin, log = compile_cubin(source, fragment_gemm.NVRTC_OPTIONS, "90a")
     report = log.split("Compiling entry function 'nvfp4_fragment_wgmma' for 'sm_90a'")[1].split("Compiling entry")[0]
     assert "0 bytes spill stores" in report and b"nvfp4_fragment_wgmma" in cubin
     assert fragment_gemm.wgmma_shared_bytes(fragment_gemm.WGMMA_STAGES) <= fragment_gemm.MAX_SHARED_BYTES
+
+
+def test_the_wgmma_gemm_refuses_a_swizzle_it_has_no_layout_for():
+    for swizzle in (64, True, "32"):
+        with pytest.raises(ValueError, match=f"swizzle {swizzle!r}, not one of"):
+            fragment_gemm.wgmma_source(fragment_gemm.WGMMA_STAGES, swizzle, True)
+    with pytest.raises(ValueError, match="swizzle 64"):  # before the operands or a GPU are looked at
+        fragment_gemm.launch_wgmma(None, None, None, None, None, swizzle=64)
+    source = fragment_gemm.wgmma_source(fragment_gemm.WGMMA_STAGES, 0, True)
+    with pytest.raises(BuildError, match="WG_SWIZZLE is 0, 32 or 128"):
+        compile_cubin(
+            source.replace("#define WG_SWIZZLE 0", "#define WG_SWIZZLE 64"), fragment_gemm.NVRTC_OPTIONS, "90a"
+        )
 
 
 @pytest.mark.parametrize("tile", [fragment_gemm.GEMV_TILES[0], fragment_gemm.STAGED_GEMV_TILES[0]])

@@ -1,9 +1,11 @@
 """The warpgroup-MMA gemm (``nvfp4_fragment_wgmma``) emulated on the CPU, byte for byte: its staging into shared
 memory, its descriptor, the register layouts wgmma reads and writes (PTX ISA: A per warp as mma.m16n8k16's A, D
-as CUTLASS's CLayout_64xN, B K-major without swizzle) and its block-ordered adds, checked against the CPU
-reference's bits. It mirrors the kernel's index math on purpose, so that an edit to one that the other does
-not follow fails here before it reaches a GPU; whether the hardware reads the layouts as the PTX ISA says is
-benchmarks/wgmma_probe_gpu.py's question, and the GPU bit test's."""
+as CUTLASS's CLayout_64xN, B in each K-major layout the kernel can take) and its block-ordered adds, checked
+against the CPU reference's bits. It mirrors the kernel's index math on purpose, so that an edit to one that the
+other does not follow fails here before it reaches a GPU; whether the hardware reads the layouts as the PTX ISA
+says is benchmarks/wgmma_probe_gpu.py's question, and the GPU bit test's."""
+
+import sys
 
 import numpy as np
 import pytest
@@ -69,7 +71,40 @@ def _code(word: int, register: int, half: int) -> int:
     return magnitude | (((word >> sign_bit) & 1) << 3)
 
 
-def _emulate(qx, qw, k_order=fragment_gemm.FRAGMENT_K_ORDER) -> torch.Tensor:
+def _copy_lane(swizzle: int, warp: int, lane: int) -> tuple[int, int]:
+    """The activation row and half a lane copies (fragment_gemm.cu's xrow, xhalf)."""
+    if swizzle == 0:
+        return 16 * warp + (lane & 7) + 8 * (lane >> 4), (lane >> 3) & 1
+    if swizzle == 32:
+        return 16 * warp + 4 * (lane >> 3) + ((lane >> 1) & 3), lane & 1
+    return 16 * warp + 8 * (lane >> 4) + 2 * ((lane >> 1) & 3) + ((lane >> 3) & 1), lane & 1
+
+
+def _copy_offset(swizzle: int, block: int, row: int, half: int) -> int:
+    """Where the kernel writes a row's half of a block in the stage (fragment_gemm.cu's wg_x_offset), bytes."""
+    if swizzle == 0:
+        return ((block * 2 + half) * ROWS + row) * 16
+    if swizzle == 32:
+        return block * 2 * ROWS * 16 + row * 32 + ((half ^ ((row >> 2) & 1)) << 4)
+    return (block // 4) * 8 * ROWS * 16 + row * 128 + ((((block % 4) * 2 + half) ^ (row & 7)) << 4)
+
+
+def _b_addresses(swizzle: int, block: int) -> np.ndarray:
+    """Where wgmma reads B's element ``[n, k]`` (int64 ``[128, 16]``, bytes into the stage) for the kernel's
+    descriptor of ``block``: the PTX ISA's K-major canonical layouts, as CUTLASS's make_gmma_desc writes them in
+    16-byte units: no swizzle ``((8, n), 2) : ((1, SBO), LBO)``; 32- and 128-byte swizzles ``Swizzle<1|3, 4, 3> o
+    ((8, n), 2) : ((2|8, SBO), 1)``, the swizzle XOR-ing address bits 4.. with bits 7.. of the shared address."""
+    nn, kk = np.arange(ROWS)[:, None], np.arange(16)[None, :]
+    if swizzle == 0:  # the leading byte offset along K (2048 bytes), the stride one along N (128)
+        start, leading, stride = block * 2 * 16 * ROWS, 2 * 8 * ROWS, 128
+        return start + (nn // 8) * stride + (nn % 8) * 16 + (kk // 8) * leading + (kk % 8) * 2
+    row_bytes = swizzle
+    start = block * 2 * 16 * ROWS if swizzle == 32 else (block // 4) * 8 * ROWS * 16 + (block % 4) * 32
+    plain = start + (nn // 8) * 8 * row_bytes + (nn % 8) * row_bytes + (kk // 8) * 16 + (kk % 8) * 2
+    return plain ^ (((plain >> 7) & (swizzle // 16 - 1)) << 4)
+
+
+def _emulate(qx, qw, k_order=fragment_gemm.FRAGMENT_K_ORDER, swizzle: int = 0) -> torch.Tensor:
     m, k = qx.shape
     n = qw.shape[0]
     x, xg = gpu_gemm._activations(qx)
@@ -91,16 +126,14 @@ def _emulate(qx, qw, k_order=fragment_gemm.FRAGMENT_K_ORDER) -> torch.Tensor:
                 stage = np.zeros(X_BYTES, np.uint8)
                 for warp in range(WARPS):  # the kernel's activation copies, lane by lane
                     for lane in range(32):
-                        row, half = 16 * warp + (lane & 7) + 8 * (lane >> 4), (lane >> 3) & 1
+                        row, half = _copy_lane(swizzle, warp, lane)
                         for block in range(8):
                             element = step * STEP + block * 16 + half * 8
                             if bx * ROWS + row < m and element < k:
-                                dst = ((block * 2 + half) * ROWS + row) * 16
+                                dst = _copy_offset(swizzle, block, row, half)
                                 stage[dst : dst + 16] = x[bx * ROWS + row, element : element + 8].view(np.uint8)
-                for block in range(8):  # B through the descriptor: leading offset along K (2048), stride along N
-                    start, leading, stride = block * 2 * 16 * ROWS, 2 * 8 * ROWS, 128
-                    nn, kk = np.arange(ROWS)[:, None], np.arange(16)[None, :]
-                    at = start + (nn // 8) * stride + (nn % 8) * 16 + (kk // 8) * leading + (kk % 8) * 2
+                for block in range(8):  # B through the descriptor
+                    at = _b_addresses(swizzle, block)
                     b = stage.view(np.uint8)[at[..., None] + np.arange(2)].copy().view(np.float16)[..., 0]
                     quad, j = 2 * step + block // 4, block % 4
                     for warp in range(WARPS):
@@ -133,15 +166,33 @@ def _operands(m: int, n: int, k: int, seed: int):
     return qx, qw
 
 
+@pytest.mark.parametrize("swizzle", fragment_gemm.WGMMA_SWIZZLES)
 @pytest.mark.parametrize("m,n,k", [(3, 40, 96), (130, 24, 2112), (2, 136, 1040)])
-def test_the_emulated_kernel_gives_the_reference_bits(m, n, k):
+def test_the_emulated_kernel_gives_the_reference_bits(m, n, k, swizzle):
     """Rows past the 128-row tile, column groups past the weight's and a second column CTA, K ending inside a
-    quad and a step, five chunks."""
+    quad and a step, five chunks; under every shared-memory layout."""
     qx, qw = _operands(m, n, k, seed=m + n)
     expected = block_gemm.matmul(qx, qw, torch.float32)
-    assert torch.equal(_emulate(qx, qw).view(torch.int32), expected.view(torch.int32))
+    assert torch.equal(_emulate(qx, qw, swizzle=swizzle).view(torch.int32), expected.view(torch.int32))
 
 
-def test_the_emulation_fails_when_the_activations_keep_their_natural_order():
+@pytest.mark.parametrize("swizzle", fragment_gemm.WGMMA_SWIZZLES)
+def test_each_quarter_warp_copy_reads_whole_sectors_or_writes_without_bank_conflicts(swizzle):
+    """Per copy instruction (one block, a warp's 32 lanes), each group of 8 lanes — the unit in which shared memory
+    takes 16-byte stores — covers 8 different 16-byte bank groups; with a swizzle, also whole 32-byte sectors of
+    the activations (each row's two halves in the same 8 lanes: ncu counted the unswizzled copy's sectors twice)."""
+    for warp, block in ((0, 0), (3, 5), (7, 7)):
+        for quarter in range(4):
+            lanes = [_copy_lane(swizzle, warp, 8 * quarter + i) for i in range(8)]
+            banks = {(_copy_offset(swizzle, block, row, half) % 128) // 16 for row, half in lanes}
+            assert len(banks) == 8, (warp, block, quarter)
+            if swizzle:
+                assert {row for row, _ in lanes} == {row for row, half in lanes if half == 0}
+                assert sorted(half for _, half in lanes) == [0] * 4 + [1] * 4
+
+
+def test_the_emulation_fails_when_a_swizzled_copy_ignores_the_swizzle(monkeypatch):
     qx, qw = _operands(3, 40, 96, seed=7)
-    assert not torch.equal(_emulate(qx, qw, tuple(range(16))), block_gemm.matmul(qx, qw, torch.float32))
+    unswizzled = _copy_offset
+    monkeypatch.setattr(sys.modules[__name__], "_copy_offset", lambda _, *where: unswizzled(0, *where))
+    assert not torch.equal(_emulate(qx, qw, swizzle=128), block_gemm.matmul(qx, qw, torch.float32))
