@@ -76,7 +76,8 @@ def main() -> None:
         with torch.cuda.nvtx.range("prof"):
             product(qx)
         torch.cuda.synchronize()
-        print(f"profiled {args.kernel} {n}x{k} M={m} tile={tile or 'default'}", flush=True)
+        layout = f" swizzle={args.swizzle or 0}" if args.kernel == "wgmma" else ""
+        print(f"profiled {args.kernel} {n}x{k} M={m} tile={tile or 'default'}{layout}", flush=True)
 
 
 if __name__ == "__main__":

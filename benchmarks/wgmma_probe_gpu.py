@@ -1,7 +1,7 @@
 """Which operand layouts a block-ordered ``wgmma`` gemm can rely on, asked of the GPU (Hopper, ``sm_90a``).
 
-docs/gpu-kernels.md's note on a ``wgmma`` gemm, and the warpgroup-MMA gemm written after it, rest on what no run
-here has shown yet: that ``wgmma``'s register operand A takes, per warp, ``mma.m16n8k16``'s A layout (so the
+docs/gpu-kernels.md's note on a ``wgmma`` gemm, and the warpgroup-MMA gemm written after it, rest on what this
+probe asks of the GPU: that ``wgmma``'s register operand A takes, per warp, ``mma.m16n8k16``'s A layout (so the
 weights' fragment layout feeds it as it feeds ``mma.sync``), that its result registers follow the layout
 ``d_matrix`` reads, and how a shared-memory descriptor without swizzle names its two byte offsets for a K-major
 B. One ``wgmma.m64n16k16`` with a zero accumulator (``benchmarks/wgmma_probe.cu``) multiplies small integers,
@@ -10,7 +10,8 @@ exact in float16 and float32, under each reading of the descriptor, and the resu
 both operands, which no product of this kind can reveal; tests/kernels/test_wgmma_emulation.py ties it to the
 layout.) The readings agree with CUTLASS's (``make_gmma_desc``: a K-major tile without swizzle steps its 8-row
 core-matrix groups by the stride byte offset and its two K halves by the leading one; ``ALayout_64x16`` and
-``CLayout_64xN`` are the register layouts written here), which is why the kernel's default is ``LEADING_IS_K``.
+``CLayout_64xN`` are the register layouts written here), which is the reading the kernel's unswizzled layout
+takes (``WG_LEADING`` of fragment_gemm.cu: the leading byte offset along K).
 
 Then the warpgroup-MMA gemm itself (``gemm.wgmma_matmul``) runs under each of its shared-memory layouts
 (``fragment_gemm.WGMMA_SWIZZLES``: no swizzle, read as above, and wgmma's 32- and 128-byte swizzles) on shapes off
@@ -20,7 +21,7 @@ others' answers. (On the H100 on 2026-12-07 the descriptor read with the leading
 bits, and the unswizzled gemm too; read along N, the gemm faulted: ``h100_wgmma_probe.json``.)
 Run on the GPU machine:
 
-    python -m benchmarks.wgmma_probe_gpu --out benchmarks/results/h100_wgmma_probe.json
+    python -m benchmarks.wgmma_probe_gpu --out benchmarks/results/h100_wgmma_probe_swizzles.json
 """
 
 from __future__ import annotations

@@ -577,7 +577,8 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, (GEMM_GROUPS == 1 ? 16 
 // so that the mma's logical positions pair the same elements of both operands. A stage: the step's 32 KB of
 // activations, then each warp's weight words and scales as gemm stages them. Macros: WG_STAGES (the ring) and
 // WG_SWIZZLE, how the activations lie: one of wgmma's K-major canonical layouts (PTX ISA, matrix descriptor;
-// CUTLASS's make_gmma_desc), every one read the same, so a speed choice only:
+// CUTLASS's make_gmma_desc), each meant to be read as the same matrix, so a speed choice only (0 has given gemm's
+// bits on an H100; 32 and 128 are emulated on the CPU, tests/kernels/test_wgmma_emulation.py, not yet run):
 //   0: no swizzle, [block (8)][half (2)][row (128)][16 bytes]: 8-row x 16-byte core matrices, the leading byte
 //      offset stepping the halves (along K: benchmarks/wgmma_probe_gpu.py), the stride one the 8-row groups;
 //   32: [block (8)][row (128)][32 bytes], the halves swapped in rows 4-7 of every 8 (address bit 4 ^= bit 7);
@@ -665,7 +666,7 @@ extern "C" __global__ void __launch_bounds__(32 * WG_WARPS, 1) nvfp4_fragment_wg
     const Words* __restrict__ w_words, const Pair* __restrict__ w_scales, const float* __restrict__ w_g,
     const u16* __restrict__ x, const float* __restrict__ x_g, out_t* __restrict__ out, int rows_total, int n, int k,
     int groups, int quads) {
-    extern __shared__ __align__(128) unsigned char ring[];  // [WG_STAGES][WG_STAGE_BYTES]
+    extern __shared__ __align__(1024) unsigned char ring[];  // [WG_STAGES][WG_STAGE_BYTES]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int grp = lane >> 2, c = lane & 3;
     const int row_start = blockIdx.x * WG_TOKENS;
@@ -742,7 +743,7 @@ extern "C" __global__ void __launch_bounds__(32 * WG_WARPS, 1) nvfp4_fragment_wg
         const int slot = step % WG_STAGES;
         const unsigned char* wstage = ring + slot * WG_STAGE_BYTES + WG_X_BYTES + warp * WG_W_BYTES;
         // The descriptor's address field is the shared address >> 4, so stepping it is adding offsets >> 4 (no
-        // carry leaves the 14-bit field: the ring ends below 256 KB, the static_assert below).
+        // carry leaves the 14-bit field: the ring ends below 256 KB, the static_assert above).
         const unsigned long long descriptor = ring_descriptor + slot * stage_step;
 #pragma unroll
         for (int qi = 0; qi < 2; ++qi) {

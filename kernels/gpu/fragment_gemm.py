@@ -96,14 +96,15 @@ GEMM_TILE_RULE = (
 )
 
 # The warpgroup-MMA gemm (nvfp4_fragment_wgmma, compiled with WGMMA for sm_90a: Hopper only). Not dispatched: on
-# the H100 it gives gemm's bits but is slower than gemm (docs/gpu-kernels.md, the wgmma notes); launch_wgmma and
-# gemm.wgmma_matmul call it for the GPU tests and benchmarks/gemm_pipeline_gpu.py --wgmma. A CTA: 128 activation
-# rows x 8 column groups, 256 threads.
+# the H100, unswizzled, it gives gemm's bits but is slower than gemm (docs/gpu-kernels.md, the wgmma notes);
+# launch_wgmma and gemm.wgmma_matmul call it for the GPU tests and benchmarks/gemm_pipeline_gpu.py --wgmma. A CTA:
+# 128 activation rows x 8 column groups, 256 threads.
 WGMMA_ROWS = 128
 WGMMA_COLUMN_GROUPS = 8
 WGMMA_STAGES = 4
 # How the wgmma gemm lays a step's activations in shared memory (WG_SWIZZLE of fragment_gemm.cu: no swizzle, or
-# wgmma's 32- or 128-byte swizzle); every layout gives the same bits.
+# wgmma's 32- or 128-byte swizzle). Each is meant to give the same bits: 0 has on the H100; 32 and 128 are emulated
+# on the CPU (tests/kernels/test_wgmma_emulation.py) and not yet run on a GPU.
 WGMMA_SWIZZLES = (0, 32, 128)
 # The element of a 16-element block at each logical K position of the fragment layout's mma operands (lane c holds
 # elements 4c..4c+3 where mma.m16n8k16 numbers them 2c, 2c+1, 2c+8, 2c+9): wgmma's B, read from shared memory in
@@ -320,14 +321,19 @@ def wgmma_shared_bytes(stages: int) -> int:
     return stages * (8 * 2 * WGMMA_ROWS * 16 + WGMMA_COLUMN_GROUPS * 2 * 576)
 
 
+def check_swizzle(swizzle: int) -> None:
+    """Raises ValueError unless ``swizzle`` is one of :data:`WGMMA_SWIZZLES` (an int, not a bool or a string)."""
+    if type(swizzle) is not int or swizzle not in WGMMA_SWIZZLES:
+        raise ValueError(f"fragment wgmma: swizzle {swizzle!r}, not one of {WGMMA_SWIZZLES} (bytes)")
+
+
 def wgmma_source(stages: int, swizzle: int, bf16: bool) -> str:
     """The CUDA source with the wgmma kernel enabled (:data:`SOURCE` after its macros), for sm_90a.
 
     Raises:
         ValueError: ``swizzle`` not among :data:`WGMMA_SWIZZLES` (the preprocessor would read a name as 0).
     """
-    if type(swizzle) is not int or swizzle not in WGMMA_SWIZZLES:
-        raise ValueError(f"fragment wgmma: swizzle {swizzle!r}, not one of {WGMMA_SWIZZLES} (bytes)")
+    check_swizzle(swizzle)
     defines = f"#define WGMMA 1\n#define WG_STAGES {stages}\n#define WG_SWIZZLE {swizzle}\n"
     return defines + source(GEMV_TILES[0], False, False, bf16)
 
@@ -360,12 +366,12 @@ def launch_wgmma(
             :data:`FRAGMENT_K_ORDER`; ``x_g`` float32 ``[M]``.
         fragments: the weight ``[N, K]`` in the fragment layout; ``w_g`` float32 ``[1]``.
         stages: steps of K in flight (the ring); ``swizzle``: the activations' shared-memory layout, one of
-            :data:`WGMMA_SWIZZLES` (a speed choice: the same bits).
+            :data:`WGMMA_SWIZZLES` (a speed choice, meant to give the same bits: only 0 has run on a GPU).
     Raises:
         ValueError: not a Hopper GPU (compute capability 9.0); an expert stack; a ring that does not fit; a swizzle
             not among :data:`WGMMA_SWIZZLES`; operands of other shapes, dtypes or layouts than the kernel reads.
     """
-    wgmma_source(stages, swizzle, False)  # the swizzle's check, before any GPU is looked for
+    check_swizzle(swizzle)  # before the operands or a GPU are looked at
     m = out.shape[0]
     if x.dtype != torch.float16 or tuple(x.shape) != (m, fragments.k) or not x.is_contiguous():
         raise ValueError(

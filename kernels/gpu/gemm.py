@@ -179,7 +179,13 @@ def wgmma_matmul(
     """:func:`matmul` through the warpgroup-MMA gemm (:func:`fragment_gemm.launch_wgmma`: Hopper; not dispatched).
     The activations are decoded as for the other kernels, then each block's elements permuted to the fragment
     layout's K order (one extra pass over ``[M, K]`` float16). ``swizzle``: how the kernel lays the activations in
-    shared memory, one of ``fragment_gemm.WGMMA_SWIZZLES`` (a speed choice: the same bits)."""
+    shared memory, one of ``fragment_gemm.WGMMA_SWIZZLES`` (a speed choice, meant to give the same bits: only 0 has
+    run on a GPU).
+
+    Raises:
+        ValueError: from :func:`fragment_gemm.launch_wgmma` (a swizzle not among ``WGMMA_SWIZZLES`` before any work).
+    """
+    fragment_gemm.check_swizzle(swizzle)
     m, k = qx.shape
     kernel_dtype = out_dtype if out_dtype in _CUDA_OUT else torch.float32
     out = torch.empty((m, qw.shape[0]), dtype=kernel_dtype, device=qx.device)

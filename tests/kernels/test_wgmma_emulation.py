@@ -1,11 +1,13 @@
 """The warpgroup-MMA gemm (``nvfp4_fragment_wgmma``) emulated on the CPU, byte for byte: its staging into shared
 memory, its descriptor, the register layouts wgmma reads and writes (PTX ISA: A per warp as mma.m16n8k16's A, D
 as CUTLASS's CLayout_64xN, B in each K-major layout the kernel can take) and its block-ordered adds, checked
-against the CPU reference's bits. It mirrors the kernel's index math on purpose, so that an edit to one that the
-other does not follow fails here before it reaches a GPU; whether the hardware reads the layouts as the PTX ISA
-says is benchmarks/wgmma_probe_gpu.py's question, and the GPU bit test's."""
+against the CPU reference's bits. The copy's lane mapping, its shared-memory offsets, the descriptor's fields and
+each block's descriptor start are read from fragment_gemm.cu's text and evaluated, so an edit there is emulated
+here; how the descriptor is read back is modelled independently from the PTX ISA's canonical layouts. Whether
+the hardware reads them so is benchmarks/wgmma_probe_gpu.py's question, and the GPU bit test's."""
 
-import sys
+import itertools
+import re
 
 import numpy as np
 import pytest
@@ -71,40 +73,83 @@ def _code(word: int, register: int, half: int) -> int:
     return magnitude | (((word >> sign_bit) & 1) << 3)
 
 
-def _copy_lane(swizzle: int, warp: int, lane: int) -> tuple[int, int]:
-    """The activation row and half a lane copies (fragment_gemm.cu's xrow, xhalf)."""
-    if swizzle == 0:
-        return 16 * warp + (lane & 7) + 8 * (lane >> 4), (lane >> 3) & 1
-    if swizzle == 32:
-        return 16 * warp + 4 * (lane >> 3) + ((lane >> 1) & 3), lane & 1
-    return 16 * warp + 8 * (lane >> 4) + 2 * ((lane >> 1) & 3) + ((lane >> 3) & 1), lane & 1
+def _python(expression: str) -> str:
+    """A C integer expression of fragment_gemm.cu in Python: its operands are non-negative, so ``/`` is ``//``;
+    ``ull`` suffixes dropped (C and Python rank ``* / % + - << >> & ^`` alike)."""
+    return re.sub(r"(\d+)ull\b", r"\1", expression).replace("/", "//")
 
 
-def _copy_offset(swizzle: int, block: int, row: int, half: int) -> int:
-    """Where the kernel writes a row's half of a block in the stage (fragment_gemm.cu's wg_x_offset), bytes."""
-    if swizzle == 0:
-        return ((block * 2 + half) * ROWS + row) * 16
-    if swizzle == 32:
-        return block * 2 * ROWS * 16 + row * 32 + ((half ^ ((row >> 2) & 1)) << 4)
-    return (block // 4) * 8 * ROWS * 16 + row * 128 + ((((block % 4) * 2 + half) ^ (row & 7)) << 4)
+def _swizzle_branches(marker: str) -> dict[int, list[str]]:
+    """The lines of each branch of the ``#if WG_SWIZZLE == 0`` chain in fragment_gemm.cu that starts at the line
+    ``marker`` follows (an ``#else`` is the swizzle no earlier branch named, if one is left)."""
+    lines = fragment_gemm.SOURCE.read_text().split(marker, 1)[1].splitlines()
+    start = 0
+    while not lines[start].startswith("#if WG_SWIZZLE == 0"):
+        start += 1
+    branches, current = {}, None
+    for line in lines[start:]:
+        if match := re.match(r"#(?:el)?if WG_SWIZZLE == (\d+)", line):
+            current = int(match[1])
+            branches[current] = []
+        elif line.startswith("#else"):
+            current = next((s for s in fragment_gemm.WGMMA_SWIZZLES if s not in branches), "#else")
+            branches[current] = []
+        elif line.startswith("#endif"):
+            return {s: body for s, body in branches.items() if s != "#else"}
+        else:
+            branches[current].append(line.split("//")[0].strip())
+    raise AssertionError(f"no #endif after {marker!r}")
 
 
-def _b_addresses(swizzle: int, block: int) -> np.ndarray:
-    """Where wgmma reads B's element ``[n, k]`` (int64 ``[128, 16]``, bytes into the stage) for the kernel's
-    descriptor of ``block``: the PTX ISA's K-major canonical layouts, as CUTLASS's make_gmma_desc writes them in
-    16-byte units: no swizzle ``((8, n), 2) : ((1, SBO), LBO)``; 32- and 128-byte swizzles ``Swizzle<1|3, 4, 3> o
-    ((8, n), 2) : ((2|8, SBO), 1)``, the swizzle XOR-ing address bits 4.. with bits 7.. of the shared address."""
+def _kernel(swizzle: int) -> dict:
+    """fragment_gemm.cu's index math for ``swizzle``, read from its text and evaluated: the copy's lane mapping,
+    ``wg_x_offset``, the descriptor macros and ``wg_block_start`` (so that this emulation follows the kernel)."""
+    (lanes,) = [line for line in _swizzle_branches("static_assert(WG_TOKENS == 16 * WG_WARPS")[swizzle] if line]
+    row, half = re.fullmatch(r"const int xrow = (.*), xhalf = (.*);", lanes).groups()
+    (offset,) = [line for line in _swizzle_branches("wg_x_offset(int block, int row, int half) {")[swizzle] if line]
+    macros = dict(
+        re.fullmatch(r"#define (\w+) (.*)", line).groups()
+        for line in _swizzle_branches("#define WG_STAGE_BYTES")[swizzle]
+        if line
+    )
+    text = fragment_gemm.SOURCE.read_text()
+    condition, chosen, other = re.search(
+        r"wg_block_start\(int block\) \{\s*return (.*?) \? (.*?) : (.*?);", text, re.S
+    ).groups()
+    names = {"WG_TOKENS": ROWS, "WG_SWIZZLE": swizzle}
+    fields = {name: eval(_python(value), {}, names) for name, value in macros.items()}
+    return {
+        "lane": lambda warp, lane: tuple(eval(_python(e), {}, {"warp": warp, "lane": lane}) for e in (row, half)),
+        "offset": lambda block, row, half: eval(
+            _python(offset.removeprefix("return ").removesuffix(";")),
+            {},
+            names | {"block": block, "row": row, "half": half},
+        ),
+        "descriptor": (fields["WG_LEADING"] << 16) | (fields["WG_STRIDE"] << 32) | (fields["WG_LAYOUT"] << 62),
+        "block_start": lambda block: eval(
+            _python(f"({chosen}) if ({condition}) else ({other})"), {}, names | {"block": block}
+        ),
+    }
+
+
+def _b_addresses(descriptor: int) -> np.ndarray:
+    """Where wgmma reads B's element ``[n, k]`` (int64 ``[128, 16]``, shared bytes) for a K-major ``descriptor``,
+    decoded as the PTX ISA lays the matrix descriptor out (start address, leading and stride byte offsets >> 4 in
+    bits 0-13, 16-29, 32-45; swizzle mode in bits 62-63: 0 none, 1 128 bytes, 2 64, 3 32) and reads its canonical
+    layouts, as CUTLASS's make_gmma_desc writes them in 16-byte units: without swizzle ``((8, n), 2) : ((1, SBO),
+    LBO)``; with a T-byte swizzle ``Swizzle<log2(T / 16), 4, 3> o ((8, n), 2) : ((T / 16, SBO), 1)``, XOR-ing the
+    address's 16-byte chunk bits with the bits from 7 up."""
+    start, leading, stride = ((descriptor >> shift & 0x3FFF) << 4 for shift in (0, 16, 32))
+    swizzle = {0: 0, 1: 128, 2: 64, 3: 32}[descriptor >> 62 & 3]
     nn, kk = np.arange(ROWS)[:, None], np.arange(16)[None, :]
-    if swizzle == 0:  # the leading byte offset along K (2048 bytes), the stride one along N (128)
-        start, leading, stride = block * 2 * 16 * ROWS, 2 * 8 * ROWS, 128
+    if not swizzle:
         return start + (nn // 8) * stride + (nn % 8) * 16 + (kk // 8) * leading + (kk % 8) * 2
-    row_bytes = swizzle
-    start = block * 2 * 16 * ROWS if swizzle == 32 else (block // 4) * 8 * ROWS * 16 + (block % 4) * 32
-    plain = start + (nn // 8) * 8 * row_bytes + (nn % 8) * row_bytes + (kk // 8) * 16 + (kk % 8) * 2
+    plain = start + (nn // 8) * stride + (nn % 8) * swizzle + (kk // 8) * 16 + (kk % 8) * 2
     return plain ^ (((plain >> 7) & (swizzle // 16 - 1)) << 4)
 
 
-def _emulate(qx, qw, k_order=fragment_gemm.FRAGMENT_K_ORDER, swizzle: int = 0) -> torch.Tensor:
+def _emulate(qx, qw, k_order=fragment_gemm.FRAGMENT_K_ORDER, swizzle: int = 0, kernel=None) -> torch.Tensor:
+    kernel = kernel or _kernel(swizzle)
     m, k = qx.shape
     n = qw.shape[0]
     x, xg = gpu_gemm._activations(qx)
@@ -126,14 +171,16 @@ def _emulate(qx, qw, k_order=fragment_gemm.FRAGMENT_K_ORDER, swizzle: int = 0) -
                 stage = np.zeros(X_BYTES, np.uint8)
                 for warp in range(WARPS):  # the kernel's activation copies, lane by lane
                     for lane in range(32):
-                        row, half = _copy_lane(swizzle, warp, lane)
+                        row, half = kernel["lane"](warp, lane)
                         for block in range(8):
                             element = step * STEP + block * 16 + half * 8
                             if bx * ROWS + row < m and element < k:
-                                dst = _copy_offset(swizzle, block, row, half)
+                                dst = kernel["offset"](block, row, half)
                                 stage[dst : dst + 16] = x[bx * ROWS + row, element : element + 8].view(np.uint8)
-                for block in range(8):  # B through the descriptor
-                    at = _b_addresses(swizzle, block)
+                for block in range(8):  # B through the descriptor (the stage at shared address 0)
+                    at = _b_addresses(kernel["descriptor"] + kernel["block_start"](block))
+                    if at.min() < 0 or at.max() + 2 > X_BYTES:
+                        raise IndexError(f"block {block}: wgmma would read B outside the stage's activations")
                     b = stage.view(np.uint8)[at[..., None] + np.arange(2)].copy().view(np.float16)[..., 0]
                     quad, j = 2 * step + block // 4, block % 4
                     for warp in range(WARPS):
@@ -176,23 +223,52 @@ def test_the_emulated_kernel_gives_the_reference_bits(m, n, k, swizzle):
     assert torch.equal(_emulate(qx, qw, swizzle=swizzle).view(torch.int32), expected.view(torch.int32))
 
 
+def test_the_emulation_fails_when_the_activations_keep_their_natural_order():
+    qx, qw = _operands(3, 40, 96, seed=7)
+    assert not torch.equal(_emulate(qx, qw, tuple(range(16))), block_gemm.matmul(qx, qw, torch.float32))
+
+
 @pytest.mark.parametrize("swizzle", fragment_gemm.WGMMA_SWIZZLES)
 def test_each_quarter_warp_copy_reads_whole_sectors_or_writes_without_bank_conflicts(swizzle):
     """Per copy instruction (one block, a warp's 32 lanes), each group of 8 lanes — the unit in which shared memory
     takes 16-byte stores — covers 8 different 16-byte bank groups; with a swizzle, also whole 32-byte sectors of
-    the activations (each row's two halves in the same 8 lanes: ncu counted the unswizzled copy's sectors twice)."""
-    for warp, block in ((0, 0), (3, 5), (7, 7)):
-        for quarter in range(4):
-            lanes = [_copy_lane(swizzle, warp, 8 * quarter + i) for i in range(8)]
-            banks = {(_copy_offset(swizzle, block, row, half) % 128) // 16 for row, half in lanes}
-            assert len(banks) == 8, (warp, block, quarter)
-            if swizzle:
-                assert {row for row, _ in lanes} == {row for row, half in lanes if half == 0}
-                assert sorted(half for _, half in lanes) == [0] * 4 + [1] * 4
+    the activations: 4 rows, each with both halves (ncu counted the unswizzled copy's sectors twice)."""
+    kernel = _kernel(swizzle)
+    for warp, block, quarter in itertools.product(range(8), range(8), range(4)):
+        lanes = [kernel["lane"](warp, 8 * quarter + i) for i in range(8)]
+        banks = {(kernel["offset"](block, row, half) % 128) // 16 for row, half in lanes}
+        assert len(banks) == 8, (warp, block, quarter)
+        if swizzle:
+            rows = {row for row, _ in lanes}
+            assert len(rows) == 4 and sorted(lanes) == sorted((row, half) for row in rows for half in (0, 1))
 
 
-def test_the_emulation_fails_when_a_swizzled_copy_ignores_the_swizzle(monkeypatch):
-    qx, qw = _operands(3, 40, 96, seed=7)
-    unswizzled = _copy_offset
-    monkeypatch.setattr(sys.modules[__name__], "_copy_offset", lambda _, *where: unswizzled(0, *where))
-    assert not torch.equal(_emulate(qx, qw, swizzle=128), block_gemm.matmul(qx, qw, torch.float32))
+@pytest.mark.parametrize(
+    "swizzle, change",
+    [
+        (32, ("offset", lambda e: e.replace(" ^ ((row >> 2) & 1)", ""))),  # the copy forgets the swizzle
+        (128, ("offset", lambda e: e.replace(" ^ (row & 7)", ""))),
+        (32, ("WG_LAYOUT", lambda e: "2")),  # the descriptor names the 64-byte swizzle
+        (128, ("WG_STRIDE", lambda e: "(256 >> 4)")),
+    ],
+)
+def test_the_emulation_fails_when_the_copy_and_the_descriptor_disagree(swizzle, change, monkeypatch, tmp_path):
+    """Rows 4-7 of each 8 are where the 32-byte swizzle moves anything, so the product has more than 8 rows."""
+    name, edit = change
+    text = fragment_gemm.SOURCE.read_text()
+    if name == "offset":
+        body = _swizzle_branches("wg_x_offset(int block, int row, int half) {")[swizzle]
+        (line,) = [b for b in body if b]
+        edited = text.replace(line, edit(line), 1)
+    else:
+        (line,) = [b for b in _swizzle_branches("#define WG_STAGE_BYTES")[swizzle] if b.startswith(f"#define {name} ")]
+        edited = text.replace(line, f"#define {name} {edit(line)}", 1)
+    assert edited != text
+    (tmp_path / "fragment_gemm.cu").write_text(edited)
+    monkeypatch.setattr(fragment_gemm, "SOURCE", tmp_path / "fragment_gemm.cu")
+    qx, qw = _operands(9, 40, 96, seed=7)
+    try:
+        got = _emulate(qx, qw, swizzle=swizzle)
+    except IndexError:  # a disagreement too: B read past the activations
+        return
+    assert not torch.equal(got, block_gemm.matmul(qx, qw, torch.float32))
