@@ -42,17 +42,23 @@ SWEEP_SHAPES = ((8192, 7168), (4096, 4096), (1536, 2048))
 SWEEP_ROWS = (1, 8, 16, 32, 64)
 
 
-def sweep_tiles(values: dict[str, tuple[int, ...]]) -> tuple[fragment_gemm.GemvTile, ...]:
+def sweep_tiles(values: dict[str, tuple[int, ...]], k: int | None = None) -> tuple[fragment_gemm.GemvTile, ...]:
     """The gemv tiles ``--sweep`` times: rows per CTA × the product of ``values``' prefetch quads, warps splitting
-    K, column groups per warp, staged or not and column warps (tiles that build: ``fragment_gemm.tile_builds``)."""
+    K, column groups per warp, staged or not and column warps (tiles that build: ``fragment_gemm.tile_builds``),
+    and with ``k`` those whose shared memory at that K fits the most any GPU gives a CTA."""
     tiles = itertools.product((8, 16, 32), *(values[name] for name in SWEEP))
-    return tuple(tile for tile in tiles if fragment_gemm.tile_builds(tile))
+    return tuple(
+        tile
+        for tile in tiles
+        if fragment_gemm.tile_builds(tile)
+        and (k is None or fragment_gemm.gemv_shared_bytes(tile, k) <= fragment_gemm.MAX_SHARED_BYTES)
+    )
 
 
-def unbuildable(values: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+def unbuildable(values: dict[str, tuple[int, ...]], k: int | None = None) -> dict[str, tuple[int, ...]]:
     """Per launch parameter of :data:`SWEEP`, the values among ``values`` that no tile of :func:`sweep_tiles`
-    takes (a sweep would leave them out unsaid); empty where every value is timed."""
-    tiles = sweep_tiles(values)
+    (at ``k``) takes (a sweep would leave them out unsaid); empty where every value is timed."""
+    tiles = sweep_tiles(values, k)
     taken = {name: {tile[1 + i] for tile in tiles} for i, name in enumerate(SWEEP)}
     unused = {name: tuple(v for v in values[name] if v not in taken[name]) for name in SWEEP}
     return {name: v for name, v in unused.items() if v}
@@ -249,13 +255,26 @@ def main() -> None:
         given := [name for name in sweep_options if getattr(args, name) is not parser.get_default(name)]
     ):
         parser.error(f"{', '.join(_option(name) for name in given)}: only --sweep times launch parameters; add --sweep")
-    if args.sweep and not sweep_tiles(values):
-        parser.error("--sweep: no combination of these launch parameters makes a gemv tile (fragment_gemm.tile_builds)")
-    if args.sweep and (unused := unbuildable(values)):
+    least_k = min(k for _, k in args.shapes)
+    if args.sweep and not sweep_tiles(values, least_k):
+        given = [name for name in SWEEP if getattr(args, name) is not parser.get_default(name)] or list(SWEEP)
+        parser.error(
+            "; ".join(f"{_option(name)} {' '.join(map(str, values[name]))}" for name in given)
+            + f": no combination of these launch parameters makes a gemv tile that builds and fits a CTA at K = "
+            f"{least_k} (fragment_gemm.tile_builds, MAX_SHARED_BYTES)"
+        )
+    if args.sweep and (unused := unbuildable(values, least_k)):
         parser.error(
             "; ".join(f"{_option(name)} {' '.join(map(str, v))}" for name, v in unused.items())
-            + ": no gemv tile takes these values with the others given (fragment_gemm.tile_builds)"
+            + f": no gemv tile takes these values with the others given, building and fitting a CTA at K = {least_k}"
+            " (fragment_gemm.tile_builds, MAX_SHARED_BYTES)"
         )
+    defaults = fragment_gemm.STAGED_GEMV_TILES + fragment_gemm.GEMV_TILES
+    for n, k in args.shapes if args.sweep else ():
+        if not sweep_tiles(values, k) + tuple(
+            t for t in defaults if fragment_gemm.gemv_shared_bytes(t, k) <= fragment_gemm.MAX_SHARED_BYTES
+        ):
+            parser.error(f"--shapes {n}x{k}: no gemv tile's shared memory fits a CTA at K = {k}")
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/gemm_backends_gpu.py needs a CUDA GPU")
     torch.manual_seed(0)

@@ -188,18 +188,25 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="results JSON")
     args = parser.parse_args()
     for option, path in [("--against", args.against)] + [("--also", p) for p in args.also]:
-        if path is not None and not path.is_file():
-            parser.error(f"{option} {path}: {'not a file' if path.exists() else 'no such file'}")
+        try:
+            if path is not None and not path.is_file():
+                parser.error(f"{option} {path}: {'not a file' if path.exists() else 'no such file'}")
+        except OSError as exc:
+            parser.error(f"{option} {path}: not a usable path ({exc.strerror or exc})")
         if path is not None and path.suffix != ".cu":
             parser.error(f"{option} {path}: not a CUDA source (.cu)")
     if len({p.name for p in args.also}) < len(args.also):
         parser.error("--also: two sources of the same file name (their results are keyed by it)")
     if {"dense", "grouped"} <= set(args.skip):
         parser.error("--skip: skipping both dense and grouped leaves nothing to time")
+    if args.wgmma and "dense" in args.skip:
+        parser.error("--wgmma: the warpgroup-MMA gemm is timed on dense products, which --skip dense leaves out")
     if args.out is not None and (problem := out_problem(args.out)):
         parser.error(f"--out {args.out}: {problem}")
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/gemm_pipeline_gpu.py needs a CUDA GPU")
+    if args.wgmma and torch.cuda.get_device_capability() != (9, 0):
+        raise SystemExit("benchmarks/gemm_pipeline_gpu.py --wgmma needs a Hopper GPU (compute capability 9.0)")
     torch.manual_seed(0)
     ours = fragment_gemm.SOURCE
     variants = _variants(args.tiles, args.also, args.against)

@@ -58,6 +58,8 @@ def main() -> None:
         parser.error(f"--tile {values}: makes no {args.kernel} kernel; a tile is {rule}")
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/gemv_profile_gpu.py needs a CUDA GPU")
+    if args.kernel == "wgmma" and torch.cuda.get_device_capability() != (9, 0):
+        raise SystemExit("benchmarks/gemv_profile_gpu.py --kernel wgmma needs a Hopper GPU (compute capability 9.0)")
     torch.manual_seed(0)
     n, k = args.shape
     (qw,) = packed_weights(n, k, copies=1)

@@ -54,9 +54,12 @@ def mps_running() -> bool:
 def out_problem(path: Path) -> str | None:
     """Why a benchmark could not write its record to ``path`` after its run (a directory, a missing folder), or
     None: command lines check it before they look for a GPU."""
-    if path.is_dir():
-        return "a directory"
-    return None if path.parent.is_dir() else "its folder does not exist"
+    try:
+        if path.is_dir():
+            return "a directory"
+        return None if path.parent.is_dir() else "its folder does not exist"
+    except OSError as exc:  # a name too long for the file system, say
+        return f"not a usable path ({exc.strerror or exc})"
 
 
 def write_record(

@@ -164,17 +164,31 @@ def _arguments(argv: list[str] | None) -> tuple[argparse.Namespace, Source, Sett
     args = parser.parse_args(argv)
     if args.learning_rate is not None and not (math.isfinite(args.learning_rate) and args.learning_rate > 0):
         parser.error(f"--learning-rate {args.learning_rate}: must be a positive finite number")
-    if args.out.exists():
-        parser.error(f"--out {args.out} exists; choose a new file (results are never overwritten)")
+    try:
+        if args.out.exists():
+            parser.error(f"--out {args.out} exists; choose a new file (results are never overwritten)")
+    except OSError as exc:  # a name too long for the file system, say
+        parser.error(f"--out {args.out}: not a usable path ({exc.strerror or exc})")
     try:
         source, setting = from_config(args.config, steps=1, eval_every=None, devices=[args.device])
+    except (ValueError, OSError) as error:
+        parser.error(f"--config {args.config}: {error}" if isinstance(error, OSError) else str(error))
+    try:
+        source.check_devices()
     except ValueError as error:
-        parser.error(str(error))
-    if not (source.checkpoint / "config.json").is_file():
-        parser.error(
-            f"{args.config}: model.checkpoint {source.checkpoint} holds no model (no config.json); "
-            "`nibble run` with this config trains its warm start there first"
-        )
+        parser.error(f"--device {args.device}: {str(error).split(': ', 1)[1]}")
+    try:
+        if not (source.checkpoint / "config.json").is_file():
+            parser.error(
+                f"{args.config}: model.checkpoint {source.checkpoint} holds no model (no config.json); "
+                "`nibble run` with this config trains its warm start there first"
+            )
+        load_config(source.checkpoint)
+        if not any(source.checkpoint.glob("*.safetensors")):
+            parser.error(f"{args.config}: model.checkpoint {source.checkpoint} holds no weights (*.safetensors)")
+        source.check_model()
+    except (ValueError, OSError) as error:
+        parser.error(f"{args.config}: model.checkpoint {source.checkpoint}: {error}")
     try:  # last, so that a refused command leaves no --out folder behind
         check_writable(args.out)
     except ValueError as error:

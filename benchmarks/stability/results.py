@@ -130,6 +130,7 @@ def check_writable(out: Path) -> None:
         ValueError: naming ``--out`` and the system's reason.
     """
     try:
+        out.exists()  # a name the file system refuses (too long, say) raises here, not after the run
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=out.parent):
             pass

@@ -149,7 +149,7 @@ def gemv_tile(
     row_tiles = -(-rows // size)
     staged = staged and not grouped and groups * 16 * k <= STAGED_MAX_ELEMENTS
     for tile in (STAGED_GEMV_TILES if staged else ()) + GEMV_TILES:
-        if tile[0] != size or _gemv_shared_bytes(tile, k) > shared_bytes:
+        if tile[0] != size or gemv_shared_bytes(tile, k) > shared_bytes:
             continue
         column_groups = cta_column_groups(tile)
         ctas = row_tiles * -(-groups // column_groups)
@@ -168,7 +168,7 @@ def _gemv_warps(tile: GemvTile, k: int) -> int:
     return min(-(-k // (CHUNK_QUADS * 64)), tile[2]) * tile[5]
 
 
-def _gemv_shared_bytes(tile: GemvTile, k: int) -> int:
+def gemv_shared_bytes(tile: GemvTile, k: int) -> int:
     """Shared memory of one gemv CTA, bytes: a float32 sum per chunk of K for its rows × 16 weight rows per
     column group, and for a staged tile each launched warp's ring of ``prefetch`` slots (``SLOT_BYTES`` of
     fragment_gemm.cu: per lane 24 bytes of weight words and scales per group, 32 of activations per n8 tile)."""
@@ -195,7 +195,7 @@ def shared_limit(device: torch.device) -> int:
 def tile_fits(tile: GemvTile, k: int, device: torch.device) -> bool:
     """Whether gemv's shared memory for ``tile`` and ``k`` (chunk sums, and a staged tile's rings) fits a CTA's
     on CUDA ``device``."""
-    return _gemv_shared_bytes(tile, k) <= shared_limit(device)
+    return gemv_shared_bytes(tile, k) <= shared_limit(device)
 
 
 def gemv_fits(rows_per_matrix: float, k: int, device: torch.device) -> bool:
@@ -331,9 +331,14 @@ def wgmma_source(stages: int, swizzle: int, bf16: bool) -> str:
     """The CUDA source with the wgmma kernel enabled (:data:`SOURCE` after its macros), for sm_90a.
 
     Raises:
-        ValueError: ``swizzle`` not among :data:`WGMMA_SWIZZLES` (the preprocessor would read a name as 0).
+        ValueError: ``stages`` not an int of at least 2; ``swizzle`` not among :data:`WGMMA_SWIZZLES` (the
+            preprocessor would read a name as 0); ``bf16`` not a bool.
     """
+    if type(stages) is not int or stages < 2:
+        raise ValueError(f"fragment wgmma: {stages!r} stages, not an int of at least 2 (the ring)")
     check_swizzle(swizzle)
+    if type(bf16) is not bool:
+        raise ValueError(f"fragment wgmma: bf16 {bf16!r}, not a bool")
     defines = f"#define WGMMA 1\n#define WG_STAGES {stages}\n#define WG_SWIZZLE {swizzle}\n"
     return defines + source(GEMV_TILES[0], False, False, bf16)
 
@@ -470,7 +475,7 @@ def launch(
     args = _common_args(x, x_g, fragments, w_g, out, x_rows, tiles)
     with torch.cuda.device(x.device):  # the launch goes to the current stream of the current device
         if gemv:
-            shared = _gemv_shared_bytes(tile, fragments.k)
+            shared = gemv_shared_bytes(tile, fragments.k)
             grid = (grid_rows, -(-groups // cta_column_groups(tile)), 1)
             block = (32 * _gemv_warps(tile, fragments.k), 1, 1)
             gemv_kernel(grid=grid, block=block, args=args, shared_mem=shared)

@@ -51,6 +51,9 @@ def test_bad_input_is_refused_with_the_option_it_came_by(monkeypatch, capsys, tm
         ("--skip",): "expected at least one argument",
         ("--out", str(tmp_path)): "a directory",
         ("--out", str(tmp_path / "nowhere" / "r.json")): "its folder does not exist",
+        ("--out", str(tmp_path / ("a" * 300) / "r.json")): "not a usable path",
+        ("--also", str(tmp_path / ("a" * 300 + ".cu"))): "--also",
+        ("--wgmma", "--skip", "dense"): "--wgmma: the warpgroup-MMA gemm is timed on dense products",
     }
     for argv, expected in cases.items():
         assert expected in _refused(monkeypatch, capsys, *argv), argv

@@ -115,3 +115,48 @@ def test_a_config_without_its_model_is_refused_before_anything_is_made(tmp_path,
     assert exit_info.value.code == 2
     assert f"model.checkpoint {tmp_path / 'absent'} holds no model" in capsys.readouterr().err
     assert not out.parent.exists()
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda d: (d / "config.json").write_text("{}"), "config.json"),  # a config that names no model
+        (lambda d: (d / "config.json").write_text('{"model_type": "llama"}'), "config.json"),
+        (lambda d: None, "holds no model (no config.json)"),
+    ],
+)
+def test_a_checkpoint_that_is_not_a_whole_model_is_refused_before_anything_is_made(tmp_path, capsys, make, message):
+    checkpoint = tmp_path / "model"
+    checkpoint.mkdir()
+    make(checkpoint)
+    config = tmp_path / "run.yaml"
+    config.write_text(f"model: {{checkpoint: {checkpoint}}}\ntask: {{name: addition}}\n")
+    out = tmp_path / "new" / "o.json"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--config", str(config), "--out", str(out)])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert not out.parent.exists()
+
+
+def test_a_checkpoint_without_weights_and_a_device_this_machine_lacks_are_refused(warm_start, tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text(f"model: {{checkpoint: {warm_start}}}\ntask: {{name: addition}}\n")
+    out = tmp_path / "new" / "o.json"
+    for device, message in [("bogus", "--device bogus: 'bogus' is not a device"), ("cuda:64", "--device cuda:64")]:
+        with pytest.raises(SystemExit) as exit_info:
+            main(["--config", str(config), "--device", device, "--out", str(out)])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    weightless = tmp_path / "weightless"
+    weightless.mkdir()
+    (weightless / "config.json").write_text((warm_start / "config.json").read_text())
+    config.write_text(f"model: {{checkpoint: {weightless}}}\ntask: {{name: addition}}\n")
+    with pytest.raises(SystemExit):
+        main(["--config", str(config), "--out", str(out)])
+    assert "holds no weights (*.safetensors)" in capsys.readouterr().err
+    assert not out.parent.exists()
+
+
+def test_an_unusable_out_path_is_refused_by_name(config, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--config", str(config), "--out", str(tmp_path / ("a" * 300 + ".json"))])
+    assert exit_info.value.code == 2 and "--out" in capsys.readouterr().err

@@ -178,7 +178,7 @@ def test_the_shared_memory_planned_for_a_staged_tile_is_what_the_kernel_addresse
             chunks = -(-k // 512)
             sums = chunks * rows * 16 * groups * columns * 4
             expected = sums + min(chunks, warps) * columns * prefetch * slot_bytes
-            assert fragment_gemm._gemv_shared_bytes(tile, k) == expected, (tile, k)
+            assert fragment_gemm.gemv_shared_bytes(tile, k) == expected, (tile, k)
 
 
 def test_gemm_takes_the_first_tile_that_still_launches_enough_ctas():

@@ -66,6 +66,9 @@ def test_the_wgmma_gemm_refuses_a_swizzle_it_has_no_layout_for():
     for swizzle in (64, True, "32"):
         with pytest.raises(ValueError, match=f"swizzle {swizzle!r}, not one of"):
             fragment_gemm.wgmma_source(fragment_gemm.WGMMA_STAGES, swizzle, True)
+    for stages, bf16, problem in [(1, True, "1 stages"), ("4", True, "'4' stages"), (4, 1, "bf16 1")]:
+        with pytest.raises(ValueError, match=problem):
+            fragment_gemm.wgmma_source(stages, 0, bf16)
     with pytest.raises(ValueError, match="swizzle 64"):  # before the operands or a GPU are looked at
         fragment_gemm.launch_wgmma(None, None, None, None, None, swizzle=64)
     source = fragment_gemm.wgmma_source(fragment_gemm.WGMMA_STAGES, 0, True)
