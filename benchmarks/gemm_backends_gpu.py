@@ -47,12 +47,12 @@ def sweep_tiles(values: dict[str, tuple[int, ...]], k: int | None = None) -> tup
     K, column groups per warp, staged or not and column warps (tiles that build: ``fragment_gemm.tile_builds``),
     and with ``k`` those whose shared memory at that K fits the most any GPU gives a CTA."""
     tiles = itertools.product((8, 16, 32), *(values[name] for name in SWEEP))
-    return tuple(
-        tile
-        for tile in tiles
-        if fragment_gemm.tile_builds(tile)
-        and (k is None or fragment_gemm.gemv_shared_bytes(tile, k) <= fragment_gemm.MAX_SHARED_BYTES)
-    )
+    return tuple(tile for tile in tiles if fragment_gemm.tile_builds(tile) and (k is None or _fits(tile, k)))
+
+
+def _fits(tile: fragment_gemm.GemvTile, k: int) -> bool:
+    """Whether ``tile``'s shared memory at ``k`` fits the most any GPU gives a CTA."""
+    return fragment_gemm.gemv_shared_bytes(tile, k) <= fragment_gemm.MAX_SHARED_BYTES
 
 
 def unbuildable(values: dict[str, tuple[int, ...]], k: int | None = None) -> dict[str, tuple[int, ...]]:
@@ -231,6 +231,29 @@ def _option(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def _check_sweep(parser: argparse.ArgumentParser, args: argparse.Namespace, values: dict) -> None:
+    """Refuse launch parameters a sweep would drop unsaid: values no tile takes that builds and fits a CTA at the
+    least K given, and shapes at whose K no tile (swept or default) fits."""
+    least_k = min(k for _, k in args.shapes)
+    if not sweep_tiles(values, least_k):
+        given = [name for name in SWEEP if getattr(args, name) is not parser.get_default(name)] or list(SWEEP)
+        parser.error(
+            "; ".join(f"{_option(name)} {' '.join(map(str, values[name]))}" for name in given)
+            + f": no combination of these launch parameters makes a gemv tile that builds and fits a CTA at K = "
+            f"{least_k} (fragment_gemm.tile_builds, MAX_SHARED_BYTES)"
+        )
+    if unused := unbuildable(values, least_k):
+        parser.error(
+            "; ".join(f"{_option(name)} {' '.join(map(str, v))}" for name, v in unused.items())
+            + f": no gemv tile takes these values with the others given, building and fitting a CTA at K = {least_k}"
+            " (fragment_gemm.tile_builds, MAX_SHARED_BYTES)"
+        )
+    defaults = fragment_gemm.STAGED_GEMV_TILES + fragment_gemm.GEMV_TILES
+    for n, k in args.shapes:
+        if not sweep_tiles(values, k) and not any(_fits(t, k) for t in defaults):
+            parser.error(f"--shapes {n}x{k}: no gemv tile's shared memory fits a CTA at K = {k}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/gemm_backends.json"), help="results JSON")
@@ -255,26 +278,8 @@ def main() -> None:
         given := [name for name in sweep_options if getattr(args, name) is not parser.get_default(name)]
     ):
         parser.error(f"{', '.join(_option(name) for name in given)}: only --sweep times launch parameters; add --sweep")
-    least_k = min(k for _, k in args.shapes)
-    if args.sweep and not sweep_tiles(values, least_k):
-        given = [name for name in SWEEP if getattr(args, name) is not parser.get_default(name)] or list(SWEEP)
-        parser.error(
-            "; ".join(f"{_option(name)} {' '.join(map(str, values[name]))}" for name in given)
-            + f": no combination of these launch parameters makes a gemv tile that builds and fits a CTA at K = "
-            f"{least_k} (fragment_gemm.tile_builds, MAX_SHARED_BYTES)"
-        )
-    if args.sweep and (unused := unbuildable(values, least_k)):
-        parser.error(
-            "; ".join(f"{_option(name)} {' '.join(map(str, v))}" for name, v in unused.items())
-            + f": no gemv tile takes these values with the others given, building and fitting a CTA at K = {least_k}"
-            " (fragment_gemm.tile_builds, MAX_SHARED_BYTES)"
-        )
-    defaults = fragment_gemm.STAGED_GEMV_TILES + fragment_gemm.GEMV_TILES
-    for n, k in args.shapes if args.sweep else ():
-        if not sweep_tiles(values, k) + tuple(
-            t for t in defaults if fragment_gemm.gemv_shared_bytes(t, k) <= fragment_gemm.MAX_SHARED_BYTES
-        ):
-            parser.error(f"--shapes {n}x{k}: no gemv tile's shared memory fits a CTA at K = {k}")
+    if args.sweep:
+        _check_sweep(parser, args, values)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/gemm_backends_gpu.py needs a CUDA GPU")
     torch.manual_seed(0)
